@@ -1,0 +1,204 @@
+"""What a GPU is, in numbers: one definition shared by notebook 00 and the simulator.
+
+Two views of the same machines:
+
+* `GPU` — the record of the cost model (../shared/specs/cost_model.md §1): the fields the
+  simulator's matmul and network times are computed from. `PRESETS` holds the spec's GPUs.
+* `HIERARCHY` — the memory and network hierarchy a reader should keep in mind (notebook 00):
+  per level, capacity, bandwidth per direction and latency, with the source of each number.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+KIB = 1024
+MIB = 1024**2
+
+
+@dataclass(frozen=True)
+class NetworkLevel:
+    """One level of the network, innermost first.
+
+    `bandwidth_Bps` counts both directions per GPU (the NVLink datasheet convention: one
+    byte sent per second each way is 2 B/s). `size` is how many GPUs share the level;
+    the outermost level has `size=None` (unbounded).
+    """
+
+    bandwidth_Bps: float
+    latency_s: float
+    size: int | None = None
+
+
+@dataclass(frozen=True)
+class GPU:
+    """The hardware record of the cost model, per GPU (spec §1)."""
+
+    name: str
+    bitwidth: int
+    flop_per_clock_per_thread: dict[int, float]
+    register_bytes_per_processing_block: float
+    num_sms: int
+    l2_Bps: float
+    l2_bytes: float
+    hbm_Bps: float
+    hbm_bytes: float
+    max_clock_Hz: float
+    effective_utilization: float
+    distributed_shared_memory: bool
+    latency_per_matmul_s: float
+    network_levels: tuple[NetworkLevel, ...] = field(default_factory=tuple)
+
+    # Derived quantities, named as in the spec.
+    @property
+    def bytes_per_word(self) -> float:
+        return self.bitwidth / 8
+
+    @property
+    def clock_Hz(self) -> float:
+        return self.max_clock_Hz * self.effective_utilization
+
+    @property
+    def threads(self) -> int:
+        return 128 * self.num_sms
+
+    @property
+    def peak_flops(self) -> float:
+        return self.flop_per_clock_per_thread[self.bitwidth] * self.threads * self.max_clock_Hz
+
+    @property
+    def sustained_flops(self) -> float:
+        return self.flop_per_clock_per_thread[self.bitwidth] * self.threads * self.clock_Hz
+
+    @property
+    def shared_Bps(self) -> float:
+        return 32 * 4 * self.num_sms * self.clock_Hz
+
+    @property
+    def ridge_flop_per_byte(self) -> float:
+        """Arithmetic intensity where the roofline turns: peak FLOP/s over HBM bytes/s."""
+        return self.peak_flops / self.hbm_Bps
+
+
+def _two_levels(node_Bps: float, beyond_Bps: float, latency_s: float = 1.125e-6,
+                node_size: int = 8) -> tuple[NetworkLevel, ...]:
+    return (NetworkLevel(node_Bps, latency_s, node_size), NetworkLevel(beyond_Bps, latency_s))
+
+
+def _spec_gpu(name, fpct, sms, clock_MHz, eff, hbm_Bps, l2_Bps, l2_MiB, hbm_bytes, net, dsmem):
+    return GPU(
+        name=name, bitwidth=16, flop_per_clock_per_thread={16: fpct},
+        register_bytes_per_processing_block=64 * KIB, num_sms=sms,
+        l2_Bps=l2_Bps, l2_bytes=l2_MiB * MIB, hbm_Bps=hbm_Bps, hbm_bytes=hbm_bytes,
+        max_clock_Hz=clock_MHz * 1e6, effective_utilization=eff,
+        distributed_shared_memory=dsmem, latency_per_matmul_s=4.5e-6,
+        network_levels=_two_levels(*net),
+    )
+
+
+V100_SXM = _spec_gpu("V100 SXM", 8, 80, 1533, 0.90, 900e9, 2155e9, 6, 32e9, (3e11, 1.25e10), False)
+A100_SXM = _spec_gpu("A100 SXM", 16, 108, 1410, 0.85, 1555e9, 5603e9, 40, 40e9, (6e11, 5e10), False)
+H100_SXM = _spec_gpu("H100 SXM", 32, 132, 1830, 0.70, 3352e9, 6441e9, 50, 80e9, (9e11, 1e11), True)
+H100_PCIE = _spec_gpu("H100 PCIe", 32, 114, 1620, 0.55, 2039e9, 5563e9, 50, 80e9, (9e11, 1e11), True)
+
+# 2012's consumer card: the simulator announcement's record (starred values there are guesses).
+GTX_580 = GPU(
+    name="GTX 580", bitwidth=32, flop_per_clock_per_thread={32: 1 / 2, 64: 1 / 16},
+    register_bytes_per_processing_block=128 * KIB, num_sms=16,
+    l2_Bps=384.8e9, l2_bytes=786_432, hbm_Bps=192.4e9, hbm_bytes=3.0e9,
+    max_clock_Hz=1.544e9, effective_utilization=0.85, distributed_shared_memory=False,
+    latency_per_matmul_s=2.25e-5,
+    network_levels=(NetworkLevel(8e9, 5e-6, 8), NetworkLevel(1e9, 5e-6)),
+)
+
+
+def _low_latency(gpu: GPU, name: str) -> GPU:
+    levels = tuple(replace(lv, latency_s=lv.latency_s / 10) for lv in gpu.network_levels)
+    return replace(gpu, name=name, latency_per_matmul_s=gpu.latency_per_matmul_s / 10,
+                   network_levels=levels)
+
+
+H100_LOW_LATENCY = _low_latency(H100_SXM, "H100 SXM Low Latency")
+H100_GLOBAL_NVLINK = replace(H100_SXM, name="H100 SXM Global NVLink",
+                             network_levels=(NetworkLevel(9e11, 1.125e-6),))
+H100_GLOBAL_NVLINK_LL = _low_latency(H100_GLOBAL_NVLINK, "H100 SXM Global NVLink + LL")
+H100_INFINITE_NETWORK_LL = replace(
+    H100_LOW_LATENCY, name="H100 SXM Infinite network + LL",
+    network_levels=(NetworkLevel(float("inf"), 1.125e-7),))
+H100_SUPERPOD = replace(H100_SXM, name="H100 SXM Superpod", network_levels=(
+    NetworkLevel(9e11, 1.125e-6, 8), NetworkLevel(4.5e11, 1.125e-6, 32),
+    NetworkLevel(1e11, 1.125e-6)))
+
+PRESETS: dict[str, GPU] = {g.name: g for g in (
+    V100_SXM, A100_SXM, H100_SXM, H100_PCIE, GTX_580, H100_LOW_LATENCY, H100_GLOBAL_NVLINK,
+    H100_GLOBAL_NVLINK_LL, H100_INFINITE_NETWORK_LL, H100_SUPERPOD)}
+DEFAULT_PRESET = H100_SXM.name
+
+
+# ---------------------------------------------------------------------------------------
+# The hierarchy of notebook 00: small-and-fast to large-and-slow.
+# Bandwidth is per direction (what one GPU can send), in bytes/s; latency is a typical
+# order of magnitude for one access or one small message. `None` where a level does not
+# exist on that GPU. Sources are given per row so every number in the notebook is cited.
+# ---------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Level:
+    name: str
+    capacity_bytes: float | None
+    bandwidth_Bps: float | None  # per direction
+    latency_s: float | None
+    source: str
+
+
+HIERARCHY: dict[str, tuple[Level, ...]] = {
+    "H100 SXM": (
+        Level("L1 / shared memory (per SM)", 256 * KIB, 33e12, 30e-9,
+              "NVIDIA H100 whitepaper (256 KB L1/SMEM per SM); bandwidth = 132 SMs x 128 B/clk "
+              "x 1.98 GHz; latency: Luo et al. 2024, 'Benchmarking and Dissecting the Nvidia "
+              "Hopper GPU Architecture'"),
+        Level("L2 cache", 50 * MIB, 6441e9, 200e-9,
+              "L2 size and bandwidth: Erdil & Schneider-Joseph 2024 (cost_model.md); latency: Luo et al. 2024"),
+        Level("HBM3", 80e9, 3.35e12, 500e-9,
+              "NVIDIA H100 SXM datasheet (80 GB, 3.35 TB/s); latency: Luo et al. 2024"),
+        Level("NVLink 4 (in node, via NVSwitch)", None, 450e9, 1.125e-6,
+              "NVIDIA H100 datasheet: 18 links, 900 GB/s bidirectional; latency as in the cost model"),
+        Level("PCIe Gen5 x16 (to CPU)", None, 64e9, 2e-6,
+              "PCI-SIG Gen5 spec: 32 GT/s x 16 lanes ~ 64 GB/s per direction"),
+        Level("InfiniBand NDR (between nodes)", None, 50e9, 5e-6,
+              "DGX H100: one 400 Gb/s NDR adapter per GPU = 50 GB/s per direction"),
+        Level("Ethernet 100 GbE (datacenter)", None, 12.5e9, 20e-6,
+              "IEEE 802.3 100 GbE line rate; latency of a kernel TCP round trip, order of magnitude"),
+    ),
+    "A100 SXM": (
+        Level("L1 / shared memory (per SM)", 192 * KIB, 19.5e12, 30e-9,
+              "NVIDIA A100 whitepaper (192 KB L1/SMEM per SM); 108 SMs x 128 B/clk x 1.41 GHz"),
+        Level("L2 cache", 40 * MIB, 5603e9, 200e-9, "cost_model.md; A100 whitepaper (40 MB)"),
+        Level("HBM2e", 40e9, 1.555e12, 500e-9, "NVIDIA A100 40 GB SXM datasheet (1,555 GB/s)"),
+        Level("NVLink 3 (in node, via NVSwitch)", None, 300e9, 1.125e-6,
+              "NVIDIA A100 datasheet: 12 links, 600 GB/s bidirectional"),
+        Level("PCIe Gen4 x16 (to CPU)", None, 32e9, 2e-6, "PCI-SIG Gen4: 16 GT/s x 16 lanes"),
+        Level("InfiniBand HDR (between nodes)", None, 25e9, 5e-6,
+              "DGX A100: one 200 Gb/s HDR adapter per GPU"),
+        Level("Ethernet 100 GbE (datacenter)", None, 12.5e9, 20e-6, "IEEE 802.3 100 GbE"),
+    ),
+    "GTX 580": (
+        Level("L1 / shared memory (per SM)", 64 * KIB, 1.58e12, 30e-9,
+              "NVIDIA Fermi whitepaper (64 KB per SM); 16 SMs x 64 B/clk x 1.544 GHz"),
+        Level("L2 cache", 768 * KIB, 384.8e9, 300e-9, "cost_model.md (GTX 580 record)"),
+        Level("GDDR5 global memory", 3.0e9, 192.4e9, 600e-9, "cost_model.md (GTX 580 3GB record)"),
+        Level("NVLink", None, None, None, "did not exist in 2012 (first in Pascal, 2016)"),
+        Level("PCIe Gen2 x16 (to CPU and other GPUs)", None, 8e9, 5e-6,
+              "PCI-SIG Gen2: 5 GT/s x 16 lanes, 8b/10b = 8 GB/s per direction"),
+        Level("InfiniBand (between nodes)", None, 0.5e9, 5e-6,
+              "cost_model.md: 1e9 B/s bidirectional beyond the node"),
+        Level("Ethernet 1 GbE (2012 commodity)", None, 0.125e9, 50e-6, "IEEE 802.3 1 GbE"),
+    ),
+}
+
+# Dense matmul peaks used for rooflines (FLOP/s), in the precision a model trains in.
+ROOFLINE_PEAKS: dict[str, tuple[float, float, str]] = {
+    # name: (peak FLOP/s, memory bytes/s, source)
+    "H100 SXM": (989e12, 3.35e12, "H100 datasheet: 989 TFLOP/s dense bf16, 3.35 TB/s HBM3"),
+    "A100 SXM": (312e12, 1.555e12, "A100 datasheet: 312 TFLOP/s dense bf16, 1,555 GB/s"),
+    "GTX 580": (1.581e12, 192.4e9, "cost_model.md: 1.581 TFLOP/s fp32, 192.4 GB/s"),
+}
