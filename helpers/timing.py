@@ -1,0 +1,64 @@
+"""One measurement line for every notebook and benchmark: median, spread, and what was timed.
+
+Machines are noisy, so a single time means little: warm up, repeat, and report the median
+with the interquartile range. `Measurement` prints the same way everywhere.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+
+def format_seconds(seconds: float) -> str:
+    """3 significant digits in the unit a reader thinks in (ns, µs, ms, s)."""
+    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("µs", 1e-6)):
+        if abs(seconds) >= scale:
+            return f"{seconds / scale:.3g} {unit}"
+    return f"{seconds / 1e-9:.3g} ns"
+
+
+@dataclass(frozen=True)
+class Measurement:
+    what: str
+    times_s: tuple[float, ...]
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.times_s)
+
+    @property
+    def quartiles(self) -> tuple[float, float]:
+        if len(self.times_s) < 2:
+            return self.times_s[0], self.times_s[0]
+        q1, _, q3 = statistics.quantiles(self.times_s, n=4, method="inclusive")
+        return q1, q3
+
+    def __str__(self) -> str:
+        q1, q3 = self.quartiles
+        return (f"{self.what}: median {format_seconds(self.median)} "
+                f"(IQR {format_seconds(q1)} – {format_seconds(q3)}, n={len(self.times_s)})")
+
+
+def measure(fn: Callable[[], object], what: str, repeat: int = 5, warmup: int = 1,
+            sync: Callable[[], object] | None = None) -> Measurement:
+    """Time `fn()` `repeat` times after `warmup` untimed calls.
+
+    `sync` runs before each clock read (e.g. `torch.cuda.synchronize`), so asynchronous
+    work is counted where it happens and not where it is launched.
+    """
+    if repeat < 1 or warmup < 0:
+        raise ValueError(f"repeat must be >= 1 and warmup >= 0, got repeat={repeat}, warmup={warmup}")
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeat):
+        if sync:
+            sync()
+        start = time.perf_counter()
+        fn()
+        if sync:
+            sync()
+        times.append(time.perf_counter() - start)
+    return Measurement(what, tuple(times))

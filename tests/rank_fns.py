@@ -1,0 +1,45 @@
+"""Rank functions used by the tests: they must live in an importable module."""
+import os
+import time
+
+import torch
+import torch.distributed as dist
+
+
+def identity(rank, world_size, value=None):
+    return {"rank": rank, "world_size": world_size, "value": value, "pid": os.getpid(),
+            "threads": torch.get_num_threads(), "backend": dist.get_backend()}
+
+
+def chatty(rank, world_size):
+    for i in range(3):
+        print(f"line {i} from {rank}")
+        time.sleep(0.01 * (world_size - rank))  # later ranks print first in wall time
+    return rank
+
+
+def fail_on(rank, world_size, bad_rank):
+    if rank == bad_rank:
+        raise ValueError(f"boom on rank {rank}")
+    dist.barrier()  # the others wait for a peer that will never come
+    return rank
+
+
+def all_reduce_unless_last(rank, world_size):
+    """Every rank but the last calls all_reduce: the classic hang."""
+    if rank == world_size - 1:
+        return "skipped"
+    x = torch.ones(4)
+    dist.all_reduce(x)
+    return x
+
+
+def sleep(rank, world_size, seconds):
+    time.sleep(seconds)
+    return rank
+
+
+def exit_hard(rank, world_size):
+    if rank == 0:
+        os._exit(3)
+    dist.barrier()
