@@ -153,7 +153,8 @@ def loopback_interface() -> str:
 
 _COLLECTIVES = (
     "broadcast", "all_reduce", "reduce", "all_gather", "all_gather_into_tensor", "gather",
-    "scatter", "reduce_scatter", "reduce_scatter_tensor", "all_to_all", "all_to_all_single",
+    "scatter", "reduce_scatter", "reduce_scatter_tensor", "reduce_scatter_single",
+    "all_gather_single", "all_to_all", "all_to_all_single",
     "barrier", "send", "recv", "isend", "irecv", "batch_isend_irecv", "broadcast_object_list",
     "all_gather_object", "gather_object", "scatter_object_list", "monitored_barrier",
 )
