@@ -300,3 +300,33 @@ def widget(live):
     length.observe(redraw, names="value")
     redraw()
     display(w.VBox([w.HBox([size, length]), out]))
+
+
+def all_reduce_once(rank: int, world_size: int, numel: int = 4) -> float:
+    """Rank function: one small all-reduce; the unit of interactivity in benchmarks."""
+    x = start_tensor(rank, numel).to(_device())
+    dist.all_reduce(x)
+    return float(x[0])
+
+
+def forgetful_all_reduce(rank: int, world_size: int) -> str:
+    """Rank function: every rank but the last calls all_reduce; the rest wait for it forever.
+
+    The rule it breaks: every rank of a group must call every collective, in the same order.
+    """
+    if rank == world_size - 1:
+        return "returned without calling all_reduce"
+    x = start_tensor(rank, 4).to(_device())
+    dist.all_reduce(x)
+    return "done"
+
+
+def barrier_demo(rank: int, world_size: int, seconds_per_rank: float = 0.2) -> dict:
+    """Rank function: ranks arrive at a barrier at different times and leave it together."""
+    import time
+    start = time.monotonic()
+    time.sleep(seconds_per_rank * rank)
+    arrived = time.monotonic() - start
+    dist.barrier()
+    left = time.monotonic() - start
+    return {"arrived_s": round(arrived, 2), "left_s": round(left, 2)}

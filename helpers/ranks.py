@@ -155,7 +155,9 @@ _COLLECTIVES = (
     "broadcast", "all_reduce", "reduce", "all_gather", "all_gather_into_tensor", "gather",
     "scatter", "reduce_scatter", "reduce_scatter_tensor", "reduce_scatter_single",
     "all_gather_single", "all_to_all", "all_to_all_single",
-    "barrier", "send", "recv", "isend", "irecv", "batch_isend_irecv", "broadcast_object_list",
+    # Not isend/irecv: they return at once (nothing to publish), and dist.P2POp checks
+    # that it was given the very functions torch defines.
+    "barrier", "send", "recv", "batch_isend_irecv", "broadcast_object_list",
     "all_gather_object", "gather_object", "scatter_object_list", "monitored_barrier",
 )
 

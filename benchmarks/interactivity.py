@@ -1,0 +1,47 @@
+"""How long one all-reduce round trip takes from a notebook cell: fresh processes vs warm ranks.
+
+    python -m benchmarks.interactivity [--world-size 4] [--spawn-runs 5] [--warm-runs 30]
+
+The lecture starts new processes (mp.spawn) for every call; LiveRanks keeps them. Both are
+measured in the same run; the last line is one JSON object.
+"""
+import argparse
+import json
+
+from helpers.collectives import all_reduce_once
+from helpers.ranks import LiveRanks, cpu_cores, spawn, threads_per_rank
+from helpers.timing import measure
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--world-size", type=int, default=4)
+    parser.add_argument("--spawn-runs", type=int, default=5)
+    parser.add_argument("--warm-runs", type=int, default=30)
+    args = parser.parse_args(argv)
+    n = args.world_size
+    expected = float(sum(range(n)))
+
+    def through_spawn():
+        assert spawn(all_reduce_once, n) == [expected] * n
+
+    cold = measure(through_spawn, f"spawn({n} ranks) + all-reduce", repeat=args.spawn_runs,
+                   warmup=0)
+    with LiveRanks(n) as live:
+        live.run(all_reduce_once)  # the first start is paid once, outside the timing
+
+        def through_live():
+            assert live.run(all_reduce_once) == [expected] * n
+
+        warm = measure(through_live, f"LiveRanks({n}).run all-reduce", repeat=args.warm_runs,
+                       warmup=2)
+    print(f"{cpu_cores()} cores, {threads_per_rank(n)} thread(s) per rank")
+    print(cold)
+    print(warm)
+    print(json.dumps({"world_size": n, "spawn_s": round(cold.median, 4),
+                      "warm_s": round(warm.median, 5),
+                      "speedup": round(cold.median / warm.median, 1)}))
+
+
+if __name__ == "__main__":
+    main()
