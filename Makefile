@@ -15,16 +15,23 @@ $(STAMP): requirements.txt pyproject.toml
 	$(PY) -m pip install --quiet --no-deps -e .
 	touch $(STAMP)
 
+# JupyterLab listens on 127.0.0.1 only.
 lab: $(STAMP)
-	$(VENV)/bin/jupyter lab notebooks/00_hardware_hierarchy.ipynb
+	$(VENV)/bin/jupyter lab --ServerApp.ip=127.0.0.1 notebooks/00_hardware_hierarchy.ipynb
 
+# Unit tests (tests/test_torchrun.py runs a demo under torchrun with 2 CPU ranks), then every
+# notebook top to bottom under nbval, comparing the cells marked NBVAL_CHECK_OUTPUT.
 test: $(STAMP)
 	$(PY) -m pytest tests -q
 	$(PY) -m pytest --nbval-lax --sanitize-with tests/sanitize.cfg notebooks -q
-	$(VENV)/bin/torchrun --nproc-per-node=2 --master-addr=127.0.0.1 --master-port=0 -m helpers.run allreduce
 
 unit: $(STAMP)
 	$(PY) -m pytest tests -q
+
+# Re-execute every notebook in place and strip it for committing.
+notebooks: $(STAMP)
+	cd notebooks && for nb in *.ipynb; do ../$(VENV)/bin/jupyter nbconvert --to notebook --execute --inplace $$nb || exit 1; done
+	$(PY) scripts/strip_notebooks.py notebooks/*.ipynb
 
 figures: $(STAMP)
 	$(PY) -m figures.make_figures

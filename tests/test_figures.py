@@ -1,0 +1,13 @@
+"""The static figures are produced by code in the repo and can be regenerated."""
+import matplotlib
+
+matplotlib.use("Agg")
+
+from figures import make_figures
+
+
+def test_figures_regenerate(tmp_path):
+    for name, make in (("h.png", make_figures.hierarchy_figure),
+                       ("c.png", make_figures.collectives_figure)):
+        make(str(tmp_path / name))
+        assert (tmp_path / name).stat().st_size > 10_000
