@@ -11,9 +11,11 @@ or under torchrun; everything else runs in the notebook. Conventions, stated onc
 """
 from __future__ import annotations
 
-import math
+import contextlib
+import os
 import re
 import statistics
+import sys
 import time
 from typing import Iterable, Sequence
 
@@ -278,7 +280,7 @@ def cores_line(backend: str, world_size: int) -> str:
     cores, per = cpu_cores(), threads_per_rank(world_size)
     shared = " (more ranks than cores: they take turns)" if world_size > cores else ""
     return (f"gloo on CPU: {world_size} ranks on {cores} cores, {per} torch thread(s) per rank "
-            f"= {cores / world_size:.2g} cores per rank{shared}")
+            f"= {cores / world_size:.2g} core(s) per rank{shared}")
 
 
 # ----------------------------------------------------------------------------------------
@@ -293,12 +295,28 @@ def fit_sweep(records: list[dict], weighting: str = "relative") -> dict[str, ab.
     return {op: ab.fit_alpha_beta(op, pts, weighting) for op, pts in by_op.items()}
 
 
-def result_rows(records: list[dict], fits: dict[str, ab.Fit]) -> list[dict]:
+def fit_per_world_size(records: list[dict], weighting: str = "relative") -> dict[int, dict[str, ab.Fit]]:
+    """{p: {op: Fit}}: a separate (α, β) at each world size.
+
+    The model says α and β do not depend on p. That holds when every rank has its own
+    GPU or cores; CPU ranks that outnumber the cores take turns, so each hop also waits
+    for a context switch and α grows with p. Fitting per p shows by how much.
+    """
+    sizes = sorted({r["world_size"] for r in records})
+    return {p: fit_sweep([r for r in records if r["world_size"] == p], weighting) for p in sizes}
+
+
+def _fit_for(fits: dict, op: str, p: int) -> ab.Fit:
+    """`fits` is {op: Fit} (one fit for every p) or {p: {op: Fit}} (fit_per_world_size)."""
+    return fits[p][op] if p in fits else fits[op]
+
+
+def result_rows(records: list[dict], fits: dict) -> list[dict]:
     """The benchmark's per-point results: measured, nccl-tests bandwidths, predicted, error."""
     rows = []
     for r in records:
         t, p, n = median_time(r), r["world_size"], r["bytes"]
-        predicted = fits[r["op"]].predict(p, n)
+        predicted = _fit_for(fits, r["op"], p).predict(p, n)
         rows.append({"op": r["op"], "world_size": p, "bytes": n, "time_s": t,
                      "algbw_GBps": ab.algbw_GBps(n, t), "busbw_GBps": ab.busbw_GBps(r["op"], p, n, t),
                      "predicted_s": predicted, "rel_error": ab.relative_error(predicted, t)})
@@ -374,11 +392,27 @@ def gloo_facts(rank: int, world_size: int) -> dict[str, str]:
     def split_dim1():
         inp = torch.ones(2, 3 * world_size)
         out = torch.empty(2, 3)
-        reduce_scatter(out, inp, group=group)
+        with _fd2_muted():
+            reduce_scatter(out, inp, group=group)
         return "accepted"
     attempt(f"reduce_scatter input (2, {3 * world_size}) -> (2, 3)", split_dim1)
     dist.barrier(group=group)
     return facts
+
+
+@contextlib.contextmanager
+def _fd2_muted():
+    """gloo also logs a failed check straight to file descriptor 2 (with a timestamp), outside
+    Python's sys.stderr; the exception carries the same words, so silence the duplicate."""
+    sys.stderr.flush()
+    saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 2)
+    try:
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
 
 
 def reduce_scatter_ratios(records: list[dict]) -> list[dict]:
@@ -467,7 +501,7 @@ def explain_lecture_numbers(lecture: dict = LECTURE) -> list[dict]:
 # Figures and the widget.
 # ----------------------------------------------------------------------------------------
 
-def plot_sweep(records: list[dict], fits: dict[str, ab.Fit] | None = None, ax_pair=None):
+def plot_sweep(records: list[dict], fits: dict | None = None, ax_pair=None):
     """Left: time vs message size, measured points (median, IQR bars) and fitted α–β lines.
     Right: nccl-tests bus bandwidth vs size. Returns the figure."""
     import matplotlib.pyplot as plt
@@ -490,9 +524,10 @@ def plot_sweep(records: list[dict], fits: dict[str, ab.Fit] | None = None, ax_pa
         name = f"{labels[op]}, p={p}"
         ax_t.errorbar(n, med, yerr=[med - q[:, 0], q[:, 1] - med], fmt="o", ms=4, color=color,
                       label=name)
-        if fits and op in fits:
+        if fits and (op in fits or op in fits.get(p, {})):
             grid = np.geomspace(n.min(), n.max(), 50)
-            ax_t.plot(grid, [fits[op].predict(p, x) for x in grid], "-", color=color, lw=1)
+            fit = _fit_for(fits, op, p)
+            ax_t.plot(grid, [fit.predict(p, x) for x in grid], "-", color=color, lw=1)
         ax_bw.plot(n, [ab.busbw_GBps(op, p, x, t) for x, t in zip(n, med)], "o-", ms=4,
                    color=color, label=name)
     ax_t.set(xscale="log", yscale="log", xlabel="message size n (bytes)",
@@ -507,6 +542,9 @@ def plot_sweep(records: list[dict], fits: dict[str, ab.Fit] | None = None, ax_pa
 
 
 SIZE_EXPONENTS = (10, 28)     # the widget's range: 2^10 = 1 KiB … 2^28 = 256 MiB
+# The widget's world-size slider stops here by default: each extra CPU rank is a process that
+# imports torch (seconds on a small machine). Pass max_world_size=8 for the full range.
+WIDGET_MAX_WORLD_SIZE = 4
 
 
 def widget_plan(op: str, world_size: int, size_exponents: tuple[int, int], points: int = 5) -> dict:
@@ -533,7 +571,7 @@ def widget_update(ranks, op: str, world_size: int, size_exponents: tuple[int, in
     return records, fits, plot_sweep(records, fits)
 
 
-def sweep_widget(ranks, max_world_size: int = 8):
+def sweep_widget(ranks, max_world_size: int = WIDGET_MAX_WORLD_SIZE):
     """Operation, world size and size range -> re-run a small sweep and redraw."""
     import ipywidgets as w
     import matplotlib.pyplot as plt
