@@ -114,9 +114,9 @@ def fit_alpha_beta(op: str, points: Iterable[tuple[int, float, float]],
                    weighting: str = "relative") -> Fit:
     """Least-squares α, β ≥ 0 from measured (p, n_bytes, seconds) points of one operation.
 
-    Each point gives one equation a(p)·α + b(p)·n·β = t. Sizes span five decades, so plain
+    Each point gives one equation a(p)·α + b(p)·n·β = t. Sizes span decades, so plain
     least squares ("absolute") would fit only the largest messages and predict small ones
-    with errors of 1000%. "relative" divides each equation by its t, minimising the
+    with large relative errors. "relative" divides each equation by its t, minimising the
     relative error instead: every size counts the same.
     """
     if weighting not in ("relative", "absolute"):

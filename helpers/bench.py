@@ -515,21 +515,25 @@ def plot_sweep(records: list[dict], fits: dict | None = None, ax_pair=None):
     groups: dict[tuple[str, int], list[dict]] = {}
     for r in records:
         groups.setdefault((r["op"], r["world_size"]), []).append(r)
-    for i, ((op, p), rs) in enumerate(sorted(groups.items())):
+    # One colour per operation, one line style and marker per world size.
+    colors = {op: f"C{i % 10}" for i, op in enumerate(sorted({op for op, _ in groups}))}
+    world_sizes = sorted({p for _, p in groups})
+    styles = {p: ("-", "--", ":", "-.")[i % 4] for i, p in enumerate(world_sizes)}
+    markers = {p: "osD^v<>p"[i % 8] for i, p in enumerate(world_sizes)}
+    for (op, p), rs in sorted(groups.items()):
         rs = sorted(rs, key=lambda r: r["bytes"])
         n = np.array([r["bytes"] for r in rs], dtype=float)
         med = np.array([median_time(r) for r in rs])
         q = np.array([measurement(r).quartiles for r in rs])
-        color = f"C{i % 10}"
-        name = f"{labels[op]}, p={p}"
-        ax_t.errorbar(n, med, yerr=[med - q[:, 0], q[:, 1] - med], fmt="o", ms=4, color=color,
-                      label=name)
+        color, name = colors[op], f"{labels[op]}, p={p}"
+        ax_t.errorbar(n, med, yerr=[med - q[:, 0], q[:, 1] - med], fmt=markers[p], ms=4,
+                      color=color, label=name)
         if fits and (op in fits or op in fits.get(p, {})):
             grid = np.geomspace(n.min(), n.max(), 50)
             fit = _fit_for(fits, op, p)
-            ax_t.plot(grid, [fit.predict(p, x) for x in grid], "-", color=color, lw=1)
-        ax_bw.plot(n, [ab.busbw_GBps(op, p, x, t) for x, t in zip(n, med)], "o-", ms=4,
-                   color=color, label=name)
+            ax_t.plot(grid, [fit.predict(p, x) for x in grid], styles[p], color=color, lw=1)
+        ax_bw.plot(n, [ab.busbw_GBps(op, p, x, t) for x, t in zip(n, med)], styles[p],
+                   marker=markers[p], ms=4, color=color, label=name)
     ax_t.set(xscale="log", yscale="log", xlabel="message size n (bytes)",
              ylabel="time per call (s), median and IQR",
              title="measured (points) and fitted α–β model (lines)")
