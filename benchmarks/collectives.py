@@ -101,6 +101,8 @@ def run_torchrun(args) -> dict | None:
                          f"WORLD_SIZE={world_size}; drop it or make them equal")
     sizes = _sizes(args)
     plan = bench.plan_sweep(args.ops, sizes, (world_size,))
+    if args.iters < 1 or args.warmup < 0:
+        raise ValueError(f"--iters must be >= 1 and --warmup >= 0, got {args.iters}, {args.warmup}")
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     backend = args.backend if args.backend != "auto" else ("nccl" if gpus >= local_ranks else "gloo")
     if backend == "nccl":
@@ -111,7 +113,7 @@ def run_torchrun(args) -> dict | None:
             print(bench.cores_line(backend, local_ranks) + f" (x{world_size // local_ranks} nodes)"
                   if world_size != local_ranks else bench.cores_line(backend, world_size))
         records = []
-        bar = bench._progress(len(plan), rank == 0 and sys.stderr.isatty())
+        bar = bench.progress_bar(len(plan), rank == 0 and sys.stderr.isatty())
         for _, op, n in plan:
             records.append(bench.time_collective(rank, world_size, op, n, args.iters, args.warmup))
             bar.update()

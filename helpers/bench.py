@@ -101,10 +101,11 @@ def parse_size(text: str) -> int:
 
 
 def format_bytes(n: float) -> str:
+    """Whole KiB/MiB/GiB by name; anything else (a size snapped for p = 3) in plain bytes."""
     for unit, scale in (("GiB", GiB), ("MiB", MiB), ("KiB", KiB)):
-        if n >= scale:
-            return f"{n / scale:g} {unit}"
-    return f"{n:g} B"
+        if n >= scale and n % scale == 0:
+            return f"{n // scale:.0f} {unit}"
+    return f"{n:.0f} B"
 
 
 def iterations_for(nbytes: int, iters: int) -> int:
@@ -253,8 +254,10 @@ def run_sweep(ranks, ops=DEFAULT_OPS, sizes=DEFAULT_SIZES, world_sizes=(2,), ite
     plan = plan_sweep(ops, sizes, world_sizes, snap)
     if isinstance(iters, bool) or not isinstance(iters, int) or iters < 1:
         raise ValueError(f"iters must be an int >= 1, got {iters!r}")
+    if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
+        raise ValueError(f"warmup must be an int >= 0, got {warmup!r}")
     records = []
-    bar = _progress(len(plan), progress)
+    bar = progress_bar(len(plan), progress)
     try:
         for p, op, n in plan:
             if ranks.world_size != p:
@@ -267,7 +270,7 @@ def run_sweep(ranks, ops=DEFAULT_OPS, sizes=DEFAULT_SIZES, world_sizes=(2,), ite
     return records
 
 
-def _progress(total: int, show: bool):
+def progress_bar(total: int, show: bool):
     from tqdm.auto import tqdm
     return tqdm(total=total, disable=not show, leave=False, unit="point")
 
@@ -457,7 +460,7 @@ def lecture_all_reduce_bw(size_bytes: float, p: int, seconds: float) -> float:
 
 
 def lecture_reduce_scatter_bw(output_bytes: float, p: int, seconds: float) -> float:
-    """lecture_08.py (the run that printed ≈70): the OUTPUT's bytes·(p−1) over p·duration, /1024³."""
+    """lecture_08.py, the revision consistent with the printed ≈70: the OUTPUT's bytes·(p−1) over p·duration, /1024³."""
     return output_bytes * (p - 1) / (p * seconds) / GiB
 
 

@@ -4,6 +4,7 @@ import math
 
 import numpy as np
 import pytest
+import torch
 
 from helpers import alpha_beta as ab
 from helpers import bench
@@ -154,6 +155,7 @@ def test_reduce_scatter_emulation_is_detected_from_the_ratio():
     ({"ops": ("all_reduce",), "sizes": (0,)}, "positive"),
     ({"ops": ("all_reduce",), "world_sizes": (1,)}, "at least 2 ranks"),
     ({"iters": 0}, "iters"),
+    ({"warmup": -1}, "warmup"),
 ])
 def test_bad_sweep_input_raises_before_starting_ranks(kwargs, match):
     idle = LiveRanks(2)
@@ -190,6 +192,20 @@ def test_every_op_runs_and_all_ranks_agree_on_the_times(ranks):
         [(op, n) for op in sorted(ab.OPS) for n in (1024, 65536)]
     rows = bench.result_rows(records, bench.fit_sweep(records))
     assert all(row["time_s"] > 0 and row["predicted_s"] > 0 for row in rows)
+
+
+def test_format_bytes_names_only_whole_units():
+    assert [bench.format_bytes(n) for n in (1024, 3 * 2**20, 1020, 2**20 - 4)] == \
+        ["1 KiB", "3 MiB", "1020 B", "1048572 B"]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2,
+                    reason="the NCCL path (CUDA events) needs 2 GPUs; the gloo path is tested above")
+def test_time_collective_on_nccl():
+    with LiveRanks(2, backend="nccl") as gpus:
+        records = bench.run_sweep(gpus, ("all_reduce", "reduce_scatter"), (2**20,), (2,), iters=3,
+                                  progress=False)
+    assert all(r["backend"] == "nccl" and min(r["times_s"]) > 0 for r in records)
 
 
 def test_gloo_facts_on_this_torch(ranks):
