@@ -348,8 +348,12 @@ def format_table(rows: list[dict], labels: dict[str, str] | None = None) -> str:
 
 def fit_lines(fits: dict[str, ab.Fit], labels: dict[str, str] | None = None) -> list[str]:
     labels = labels or {}
-    return [f"{labels.get(op, op)}: α = {format_seconds(f.alpha_s)}, "
-            f"β = {f.beta_s_per_byte:.3g} s/B (1/β = {f.bandwidth_GBps:.3g} GB/s)"
+
+    def beta(f):
+        if f.beta_s_per_byte == 0:   # all sizes in the latency regime: β is not resolved
+            return "β ≈ 0 (messages too small to see the bandwidth)"
+        return f"β = {f.beta_s_per_byte:.3g} s/B (1/β = {f.bandwidth_GBps:.3g} GB/s)"
+    return [f"{labels.get(op, op)}: α = {format_seconds(f.alpha_s)}, {beta(f)}"
             for op, f in fits.items()]
 
 
