@@ -1,0 +1,187 @@
+"""The latency–bandwidth (α–β) model of a collective, and how to fit it to measurements.
+
+A collective on p ranks moving an n-byte message takes
+
+    t(n, p) = a(p) · α + b(p) · n · β
+
+α is the cost of one message (latency, seconds), β the cost of one byte on the busiest link
+(seconds per byte), and a(p), b(p) count how many of each the algorithm pays. For the ring
+algorithms NCCL uses, b(p) is exactly the nccl-tests "bus bandwidth" factor, so 1/β is the
+bus bandwidth a large message approaches. Ring all-reduce, for instance, is a reduce-scatter
+then an all-gather: 2(p−1) steps, each moving n/p bytes: `2(p−1)α + 2(p−1)/p · n·β`.
+
+Notation: p is the number of ranks (nccl-tests writes n for it), n the message size in bytes
+as defined per operation in `OPS`. Nothing here imports torch: the model is pure arithmetic.
+"""
+from __future__ import annotations
+
+import json
+import os
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterable
+
+import numpy as np
+
+GB = 1e9          # every bandwidth in this course: 1 GB = 10^9 bytes (nccl-tests does the same)
+GiB = 1024**3     # what `x / 1024**3` computes: 7.4% more than a GB
+
+
+@dataclass(frozen=True)
+class CollectiveModel:
+    """α and β coefficients of one operation's algorithm, as functions of the world size p."""
+
+    name: str
+    latency_steps: Callable[[int], float]   # a(p): how many α
+    bus_factor: Callable[[int], float]      # b(p): how many n·β; also nccl-tests' busbw factor
+    splits: bool                            # the n-byte buffer is cut into p equal chunks
+    bytes_are: str                          # what n counts, in words
+    algorithm: str                          # the algorithm whose coefficients these are
+
+
+OPS: dict[str, CollectiveModel] = {m.name: m for m in (
+    CollectiveModel("all_reduce", lambda p: 2 * (p - 1), lambda p: 2 * (p - 1) / p, False,
+                    "the buffer on each rank", "ring: reduce-scatter then all-gather"),
+    CollectiveModel("all_gather", lambda p: p - 1, lambda p: (p - 1) / p, True,
+                    "the gathered output (p chunks)", "ring"),
+    CollectiveModel("reduce_scatter", lambda p: p - 1, lambda p: (p - 1) / p, True,
+                    "the input on each rank (p chunks)", "ring"),
+    CollectiveModel("broadcast", lambda p: p - 1, lambda p: 1.0, False,
+                    "the buffer", "pipelined chain"),
+    CollectiveModel("reduce", lambda p: p - 1, lambda p: 1.0, False,
+                    "the buffer", "pipelined chain"),
+    CollectiveModel("all_to_all", lambda p: p - 1, lambda p: (p - 1) / p, True,
+                    "the send buffer on each rank (p chunks)", "pairwise exchange"),
+    CollectiveModel("send_recv", lambda p: 1, lambda p: 1.0, False,
+                    "what each rank sends to its neighbour", "one point-to-point hop"),
+)}
+
+
+def model(op: str) -> CollectiveModel:
+    if op not in OPS:
+        raise ValueError(f"op must be one of {sorted(OPS)}, got {op!r}")
+    return OPS[op]
+
+
+def coefficients(op: str, p: int) -> tuple[float, float]:
+    """(a(p), b(p)): the number of α and of n·β the algorithm pays on p ranks."""
+    m = model(op)
+    if isinstance(p, bool) or not isinstance(p, int) or p < 2:
+        raise ValueError(f"world size p must be an int >= 2 for a collective, got {p!r}")
+    return float(m.latency_steps(p)), float(m.bus_factor(p))
+
+
+def busbw_factor(op: str, p: int) -> float:
+    """nccl-tests: busbw = algbw × this factor, so that every op reports the link's speed."""
+    return coefficients(op, p)[1]
+
+
+def algbw_GBps(nbytes: float, seconds: float) -> float:
+    """Algorithm bandwidth: message bytes over time, in GB/s (1 GB = 1e9 B)."""
+    return nbytes / seconds / GB
+
+
+def busbw_GBps(op: str, p: int, nbytes: float, seconds: float) -> float:
+    """Bus bandwidth (nccl-tests): algbw × factor, in GB/s (1 GB = 1e9 B)."""
+    return algbw_GBps(nbytes, seconds) * busbw_factor(op, p)
+
+
+def predict(op: str, p: int, nbytes: float, alpha_s: float, beta_s_per_byte: float) -> float:
+    a, b = coefficients(op, p)
+    return a * alpha_s + b * nbytes * beta_s_per_byte
+
+
+@dataclass(frozen=True)
+class Fit:
+    op: str
+    alpha_s: float
+    beta_s_per_byte: float
+
+    @property
+    def bandwidth_GBps(self) -> float:
+        """1/β: the bus bandwidth a very large message approaches."""
+        return 1 / self.beta_s_per_byte / GB if self.beta_s_per_byte > 0 else float("inf")
+
+    def predict(self, p: int, nbytes: float) -> float:
+        return predict(self.op, p, nbytes, self.alpha_s, self.beta_s_per_byte)
+
+    def as_dict(self) -> dict:
+        return {"alpha_s": self.alpha_s, "beta_s_per_byte": self.beta_s_per_byte}
+
+
+def fit_alpha_beta(op: str, points: Iterable[tuple[int, float, float]],
+                   weighting: str = "relative") -> Fit:
+    """Least-squares α, β ≥ 0 from measured (p, n_bytes, seconds) points of one operation.
+
+    Each point gives one equation a(p)·α + b(p)·n·β = t. Sizes span decades, so plain
+    least squares ("absolute") would fit only the largest messages and predict small ones
+    with large relative errors. "relative" divides each equation by its t, minimising the
+    relative error instead: every size counts the same.
+    """
+    if weighting not in ("relative", "absolute"):
+        raise ValueError(f"weighting must be 'relative' or 'absolute', got {weighting!r}")
+    rows, times = [], []
+    for p, nbytes, seconds in points:
+        if not seconds > 0:
+            raise ValueError(f"measured times must be > 0 s, got {seconds!r}")
+        a, b = coefficients(op, p)
+        rows.append((a, b * nbytes))
+        times.append(seconds)
+    if len(rows) < 2:
+        raise ValueError(f"need at least 2 measured points to fit α and β for {op}, got {len(rows)}")
+    A, t = np.array(rows, dtype=float), np.array(times, dtype=float)
+    w = 1 / t if weighting == "relative" else np.ones_like(t)
+    # Scale the β column so both unknowns are of order one: better conditioned.
+    scale = np.array([1.0, 1.0 / max(A[:, 1].max(), 1.0)])
+    (x0, x1), *_ = np.linalg.lstsq(A * scale * w[:, None], t * w, rcond=None)
+    alpha, beta = x0 * scale[0], x1 * scale[1]
+    # A negative latency or byte cost is unphysical: pin it at zero and refit the other.
+    if alpha < 0 or beta < 0:
+        col = 1 if alpha < 0 else 0
+        Aw, tw = A[:, col] * w, t * w
+        value = max(float(Aw @ tw / (Aw @ Aw)), 0.0)
+        alpha, beta = (0.0, value) if col == 1 else (value, 0.0)
+    return Fit(op, float(alpha), float(beta))
+
+
+def relative_error(predicted: float, measured: float) -> float:
+    return abs(predicted - measured) / measured
+
+
+def median_relative_error(fits: dict[str, Fit], points: Iterable[tuple[str, int, float, float]]) -> float:
+    """Median over (op, p, n_bytes, seconds) points of |predicted − measured| / measured."""
+    errors = [relative_error(fits[op].predict(p, n), t) for op, p, n, t in points]
+    return statistics.median(errors)
+
+
+# ----------------------------------------------------------------------------------------
+# Keeping a fit for later notebooks (tensor parallelism, the simulator).
+# ----------------------------------------------------------------------------------------
+
+def default_fit_path() -> Path:
+    """results/collective_fit.json at the repository root (results/ is not committed)."""
+    return Path(__file__).resolve().parents[1] / "results" / "collective_fit.json"
+
+
+def save_fit(fits: dict[str, Fit], backend: str, world_size: int, cores_per_rank: int | None,
+             path: str | os.PathLike | None = None, **extra) -> Path:
+    path = Path(path) if path is not None else default_fit_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    record = {"backend": backend, "world_size": world_size, "cores_per_rank": cores_per_rank,
+              "fit": {op: f.as_dict() for op, f in fits.items()}, **extra}
+    path.write_text(json.dumps(record, indent=1) + "\n")
+    return path
+
+
+def load_fit(path: str | os.PathLike | None = None) -> dict | None:
+    """The saved fit as a dict, or None when none was saved (run notebook 02 first)."""
+    path = Path(path) if path is not None else default_fit_path()
+    if not path.is_file():
+        return None
+    return json.loads(path.read_text())
+
+
+def fits_from_record(record: dict) -> dict[str, Fit]:
+    """Turn a loaded record's "fit" back into `Fit` objects."""
+    return {op: Fit(op, v["alpha_s"], v["beta_s_per_byte"]) for op, v in record["fit"].items()}

@@ -1,0 +1,610 @@
+"""Benchmark collectives correctly: warm up, barrier, many iterations, the median, nccl-tests units.
+
+Rank functions (`time_collective`, `gloo_facts`) run on live ranks (`helpers.ranks.LiveRanks`)
+or under torchrun; everything else runs in the notebook. Conventions, stated once:
+
+* One timed iteration = barrier, then (GPU: synchronize and CUDA events) the call alone.
+  Its time is the slowest rank's: a collective is done when every rank has its result.
+* 1 GB = 1e9 bytes everywhere (nccl-tests does the same). Message sizes are powers of two
+  (1 KiB = 1024 B) because buffers are, but every bandwidth is in GB/s.
+* n is the message size in bytes, as `helpers.alpha_beta.OPS[op].bytes_are` says; p the ranks.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import statistics
+import sys
+import time
+from typing import Iterable, Sequence
+
+import numpy as np
+
+from helpers import alpha_beta as ab
+from helpers.alpha_beta import GB, GiB, OPS
+from helpers.timing import Measurement, format_seconds
+
+KiB, MiB = 1024, 1024**2
+ELEMENT_BYTES = 4                      # every buffer is fp32
+DEFAULT_SIZES = tuple(KiB * 4**k for k in range(8))          # 1 KiB … 16 MiB
+FULL_SIZES = tuple(KiB * 2**k for k in range(19))            # 1 KiB … 256 MiB
+DEFAULT_OPS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast")
+FULL_WORLD_SIZES = tuple(range(2, 9))
+# Big messages take long: fewer iterations above this size keep a sweep bounded.
+_FULL_ITERS_UP_TO = 4 * MiB
+# A reduce-scatter slower than this fraction of an all-reduce of the same buffer is doing an
+# all-reduce's work: a real ring reduce-scatter needs half of it in the bandwidth regime.
+_EMULATED_IF_RATIO_ABOVE = 0.75
+
+# The lecture's benchmark (CS336 Spring 2025, lecture 8 "Parallelism 2", lecture_08.py,
+# `benchmarking()`): H100s, world size 4, 100·1024² fp32 elements, one timed call each.
+# Its printed bandwidths (labelled "GB/s", computed with / 1024**3):
+LECTURE = {"gpu": "H100", "world_size": 4, "num_elements": 100 * 1024**2, "element_bytes": 4,
+           "all_reduce_printed": 277, "reduce_scatter_printed": 70}
+
+
+# ----------------------------------------------------------------------------------------
+# Checking what a caller asks for, in the parent, before any process starts.
+# ----------------------------------------------------------------------------------------
+
+def check_ops(ops: Iterable[str]) -> tuple[str, ...]:
+    if isinstance(ops, str):
+        ops = (ops,)
+    ops = tuple(ops)
+    if not ops:
+        raise ValueError(f"ops must name at least one of {sorted(OPS)}")
+    for op in ops:
+        if op not in OPS:
+            raise ValueError(f"ops: unknown operation {op!r}; choose from {sorted(OPS)}")
+    return ops
+
+
+def size_quantum(op: str, world_size: int) -> int:
+    """Sizes must be a multiple of this: whole fp32 elements, and p equal chunks if the op splits."""
+    return ELEMENT_BYTES * (world_size if ab.model(op).splits else 1)
+
+
+def check_sizes(sizes: Iterable[int], ops: Sequence[str], world_size: int) -> tuple[int, ...]:
+    sizes = tuple(sizes)
+    if not sizes:
+        raise ValueError("sizes must list at least one message size in bytes")
+    for n in sizes:
+        if isinstance(n, bool) or not isinstance(n, int) or n <= 0:
+            raise ValueError(f"sizes must be positive ints (bytes), got {n!r}")
+        for op in ops:
+            q = size_quantum(op, world_size)
+            if n % q:
+                why = (f"{world_size} equal chunks of fp32" if ab.model(op).splits
+                       else "whole fp32 elements")
+                raise ValueError(f"sizes: {n} bytes cannot be cut into {why} for {op} at "
+                                 f"world size {world_size}; use a multiple of {q} bytes")
+    return sizes
+
+
+def snap_size(n: int, op: str, world_size: int) -> int:
+    """The nearest valid size for (op, p): for sweeps that cover world sizes like 3 or 6."""
+    q = size_quantum(op, world_size)
+    return max(q, round(n / q) * q)
+
+
+def parse_size(text: str) -> int:
+    """'4MiB' -> 4194304, '1KiB' -> 1024, '1000' -> 1000, '1e6' -> 1000000 (bytes)."""
+    match = re.fullmatch(r"\s*([0-9.eE+]+)\s*(B|KiB|MiB|GiB|KB|MB|GB)?\s*", text)
+    units = {None: 1, "B": 1, "KiB": KiB, "MiB": MiB, "GiB": GiB, "KB": 1e3, "MB": 1e6, "GB": 1e9}
+    if not match:
+        raise ValueError(f"sizes: cannot read {text!r}; write bytes like 4096, 4KiB or 1MB")
+    value = float(match.group(1)) * units[match.group(2)]
+    if value != int(value):
+        raise ValueError(f"sizes: {text!r} is not a whole number of bytes")
+    return int(value)
+
+
+def format_bytes(n: float) -> str:
+    """Whole KiB/MiB/GiB by name; anything else (a size snapped for p = 3) in plain bytes."""
+    for unit, scale in (("GiB", GiB), ("MiB", MiB), ("KiB", KiB)):
+        if n >= scale and n % scale == 0:
+            return f"{n // scale:.0f} {unit}"
+    return f"{n:.0f} B"
+
+
+def iterations_for(nbytes: int, iters: int) -> int:
+    """Every rank computes the same count (they must agree, or they hang)."""
+    if nbytes <= _FULL_ITERS_UP_TO:
+        return iters
+    return max(3, iters * _FULL_ITERS_UP_TO // nbytes)
+
+
+# ----------------------------------------------------------------------------------------
+# Rank side: build one collective call, time it.
+# ----------------------------------------------------------------------------------------
+
+def _device():
+    import torch
+    import torch.distributed as dist
+    if dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def _collective_call(op: str, nbytes: int, rank: int, world_size: int, device):
+    """A zero-argument function that runs `op` once on preallocated n-byte buffers."""
+    import torch
+    import torch.distributed as dist
+
+    numel = nbytes // ELEMENT_BYTES
+    chunk = numel // world_size
+    buf = torch.zeros(numel, device=device)
+    # Newer torch names the flat-tensor versions *_single; older ones *_tensor.
+    reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+    all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    if op == "all_reduce":
+        return lambda: dist.all_reduce(buf)
+    if op == "all_gather":
+        mine = torch.zeros(chunk, device=device)
+        return lambda: all_gather(buf, mine)
+    if op == "reduce_scatter":
+        mine = torch.zeros(chunk, device=device)
+        return lambda: reduce_scatter(mine, buf)
+    if op == "broadcast":
+        return lambda: dist.broadcast(buf, src=0)
+    if op == "reduce":
+        return lambda: dist.reduce(buf, dst=0)
+    if op == "all_to_all":
+        out = torch.zeros(numel, device=device)
+        return lambda: dist.all_to_all_single(out, buf)
+    if op == "send_recv":
+        inbox = torch.zeros(numel, device=device)
+        right, left = (rank + 1) % world_size, (rank - 1) % world_size
+
+        # P2POp insists on torch's own isend/irecv objects, not wrappers such as the
+        # ones helpers.ranks installs to name the op a rank is stuck in.
+        isend = getattr(dist.isend, "__wrapped_collective__", dist.isend)
+        irecv = getattr(dist.irecv, "__wrapped_collective__", dist.irecv)
+
+        def ring_shift():
+            ops = [dist.P2POp(isend, buf, right), dist.P2POp(irecv, inbox, left)]
+            for work in dist.batch_isend_irecv(ops):
+                work.wait()
+        return ring_shift
+    raise ValueError(f"op must be one of {sorted(OPS)}, got {op!r}")
+
+
+def time_collective(rank: int, world_size: int, op: str, nbytes: int, iters: int = 10,
+                    warmup: int = 2) -> dict:
+    """Rank function: time `op` on an n-byte message; every rank returns the same record.
+
+    Per iteration: barrier (so all ranks start together), then the call alone, timed with
+    perf_counter on CPU or CUDA events on GPU. The recorded time of an iteration is the
+    maximum over ranks (exchanged after the timing, so the exchange is not timed).
+    """
+    import torch
+    import torch.distributed as dist
+
+    device = _device()
+    cuda = device.type == "cuda"
+    call = _collective_call(op, nbytes, rank, world_size, device)
+    for _ in range(warmup):          # first calls set up connections and allocate buffers
+        call()
+    if cuda:
+        torch.cuda.synchronize()
+    times = []
+    for _ in range(iterations_for(nbytes, iters)):
+        dist.barrier()
+        if cuda:
+            torch.cuda.synchronize()
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            call()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) / 1e3)
+        else:
+            t0 = time.perf_counter()
+            call()
+            times.append(time.perf_counter() - t0)
+    slowest = torch.tensor(times, dtype=torch.float64, device=device)
+    dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+    return {"op": op, "world_size": world_size, "bytes": nbytes, "backend": dist.get_backend(),
+            "times_s": slowest.cpu().tolist(), "threads_per_rank": torch.get_num_threads()}
+
+
+def median_time(record: dict) -> float:
+    return statistics.median(record["times_s"])
+
+
+def measurement(record: dict) -> Measurement:
+    """The uniform measurement line of helpers.timing for one sweep point."""
+    what = f"{record['op']} p={record['world_size']} n={format_bytes(record['bytes'])}"
+    return Measurement(what, tuple(record["times_s"]))
+
+
+# ----------------------------------------------------------------------------------------
+# Parent side: sweeps over live ranks.
+# ----------------------------------------------------------------------------------------
+
+def plan_sweep(ops, sizes, world_sizes, snap: bool = False) -> list[tuple[int, str, int]]:
+    """(p, op, n) points to measure, checked before any process starts.
+
+    With snap=True each size moves to the nearest multiple the (op, p) pair allows
+    (world size 3 cannot cut 1 KiB into three fp32 chunks); otherwise a bad size is an error.
+    """
+    from helpers.ranks import check_world_size
+    ops = check_ops(ops)
+    world_sizes = (world_sizes,) if isinstance(world_sizes, int) else tuple(world_sizes)
+    if not world_sizes:
+        raise ValueError("world_sizes must list at least one world size >= 2")
+    plan = []
+    for p in world_sizes:
+        check_world_size(p)
+        if p < 2:
+            raise ValueError(f"world_sizes: a collective needs at least 2 ranks, got {p}")
+        for op in ops:
+            if snap:
+                points = sorted({snap_size(n, op, p) for n in check_sizes(sizes, (), p)})
+            else:
+                points = check_sizes(sizes, (op,), p)
+            plan.extend((p, op, n) for n in points)
+    return plan
+
+
+def run_sweep(ranks, ops=DEFAULT_OPS, sizes=DEFAULT_SIZES, world_sizes=(2,), iters: int = 10,
+              warmup: int = 2, snap: bool = False, progress: bool = True) -> list[dict]:
+    """Measure every (p, op, n) on the live ranks; one record per point (see time_collective)."""
+    plan = plan_sweep(ops, sizes, world_sizes, snap)
+    if isinstance(iters, bool) or not isinstance(iters, int) or iters < 1:
+        raise ValueError(f"iters must be an int >= 1, got {iters!r}")
+    if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
+        raise ValueError(f"warmup must be an int >= 0, got {warmup!r}")
+    records = []
+    bar = progress_bar(len(plan), progress)
+    try:
+        for p, op, n in plan:
+            if ranks.world_size != p:
+                ranks.resize(p)
+            bar.set_description(f"p={p} {op} {format_bytes(n)}")
+            records.append(ranks.run(time_collective, op, n, iters=iters, warmup=warmup)[0])
+            bar.update()
+    finally:
+        bar.close()
+    return records
+
+
+def progress_bar(total: int, show: bool):
+    from tqdm.auto import tqdm
+    return tqdm(total=total, disable=not show, leave=False, unit="point")
+
+
+def cores_line(backend: str, world_size: int) -> str:
+    """What each rank runs on: always say it, since CPU ranks share the machine's cores."""
+    from helpers.ranks import cpu_cores, threads_per_rank
+    if backend == "nccl":
+        return f"nccl: {world_size} ranks, one GPU each"
+    cores, per = cpu_cores(), threads_per_rank(world_size)
+    shared = " (more ranks than cores: they take turns)" if world_size > cores else ""
+    return (f"gloo on CPU: {world_size} ranks on {cores} cores, {per} torch thread(s) per rank "
+            f"= {cores / world_size:.2g} core(s) per rank{shared}")
+
+
+# ----------------------------------------------------------------------------------------
+# The model on the sweep: fit, predict, tabulate.
+# ----------------------------------------------------------------------------------------
+
+def fit_sweep(records: list[dict], weighting: str = "relative") -> dict[str, ab.Fit]:
+    """One (α, β) per operation, fitted over all its sizes and world sizes."""
+    by_op: dict[str, list] = {}
+    for r in records:
+        by_op.setdefault(r["op"], []).append((r["world_size"], r["bytes"], median_time(r)))
+    return {op: ab.fit_alpha_beta(op, pts, weighting) for op, pts in by_op.items()}
+
+
+def fit_per_world_size(records: list[dict], weighting: str = "relative") -> dict[int, dict[str, ab.Fit]]:
+    """{p: {op: Fit}}: a separate (α, β) at each world size.
+
+    The model says α and β do not depend on p. That holds when every rank has its own
+    GPU or cores; CPU ranks that outnumber the cores take turns, so each hop also waits
+    for a context switch and α grows with p. Fitting per p shows by how much.
+    """
+    sizes = sorted({r["world_size"] for r in records})
+    return {p: fit_sweep([r for r in records if r["world_size"] == p], weighting) for p in sizes}
+
+
+def _fit_for(fits: dict, op: str, p: int) -> ab.Fit:
+    """`fits` is {op: Fit} (one fit for every p) or {p: {op: Fit}} (fit_per_world_size)."""
+    return fits[p][op] if p in fits else fits[op]
+
+
+def result_rows(records: list[dict], fits: dict) -> list[dict]:
+    """The benchmark's per-point results: measured, nccl-tests bandwidths, predicted, error."""
+    rows = []
+    for r in records:
+        t, p, n = median_time(r), r["world_size"], r["bytes"]
+        predicted = _fit_for(fits, r["op"], p).predict(p, n)
+        rows.append({"op": r["op"], "world_size": p, "bytes": n, "time_s": t,
+                     "algbw_GBps": ab.algbw_GBps(n, t), "busbw_GBps": ab.busbw_GBps(r["op"], p, n, t),
+                     "predicted_s": predicted, "rel_error": ab.relative_error(predicted, t)})
+    return rows
+
+
+def median_rel_error(rows: list[dict]) -> float:
+    return statistics.median(row["rel_error"] for row in rows)
+
+
+def format_table(rows: list[dict], labels: dict[str, str] | None = None) -> str:
+    """Predicted vs measured, one line per point (GB = 1e9 B)."""
+    labels = labels or {}
+    w = max([9] + [len(labels.get(row["op"], row["op"])) for row in rows]) + 2
+    head = (f"{'operation':<{w}}{'p':>3}{'n':>11}{'measured':>11}{'predicted':>11}{'error':>7}"
+            f"{'algbw GB/s':>12}{'busbw GB/s':>12}")
+    lines = [head, "-" * len(head)]
+    for row in rows:
+        lines.append(
+            f"{labels.get(row['op'], row['op']):<{w}}{row['world_size']:>3}"
+            f"{format_bytes(row['bytes']):>11}{format_seconds(row['time_s']):>11}"
+            f"{format_seconds(row['predicted_s']):>11}{row['rel_error']:>7.0%}"
+            f"{row['algbw_GBps']:>12.3g}{row['busbw_GBps']:>12.3g}")
+    return "\n".join(lines)
+
+
+def fit_lines(fits: dict[str, ab.Fit], labels: dict[str, str] | None = None) -> list[str]:
+    labels = labels or {}
+
+    def beta(f):
+        if f.beta_s_per_byte == 0:   # all sizes in the latency regime: β is not resolved
+            return "β ≈ 0 (messages too small to see the bandwidth)"
+        return f"β = {f.beta_s_per_byte:.3g} s/B (1/β = {f.bandwidth_GBps:.3g} GB/s)"
+    return [f"{labels.get(op, op)}: α = {format_seconds(f.alpha_s)}, {beta(f)}"
+            for op, f in fits.items()]
+
+
+# ----------------------------------------------------------------------------------------
+# gloo's quirks, probed rather than asserted.
+# ----------------------------------------------------------------------------------------
+
+def gloo_facts(rank: int, world_size: int) -> dict[str, str]:
+    """Rank function: what gloo on this torch does with AVG and with reduce-scatter shapes.
+
+    Runs on a gloo group even when the default backend is NCCL, so the answer is the same
+    everywhere. Every message is reduced to its deterministic part (no times, no pids).
+    """
+    import torch
+    import torch.distributed as dist
+
+    group = None if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")
+    reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+    facts = {}
+
+    def attempt(name, fn):
+        try:
+            facts[name] = fn()
+        except Exception as error:  # the lesson is the error, shown in words
+            message = str(error)
+            core = message.split("Check failed:")[-1].strip() if "Check failed:" in message \
+                else message.splitlines()[0][:120]
+            facts[name] = f"refused: {type(error).__name__}: {core}"
+
+    def avg():
+        x = torch.full((2,), float(rank))
+        dist.all_reduce(x, op=dist.ReduceOp.AVG, group=group)
+        return f"accepted; mean of the ranks' values 0..{world_size - 1} = {x[0].item():g}"
+    attempt("all_reduce(op=ReduceOp.AVG)", avg)
+
+    def flat_dim0():
+        inp = torch.ones(world_size * 2, 3)
+        out = torch.empty(2, 3)
+        reduce_scatter(out, inp, group=group)
+        return f"accepted; output {tuple(out.shape)} = {out[0, 0].item():g} everywhere"
+    attempt(f"reduce_scatter input ({world_size * 2}, 3) -> (2, 3)", flat_dim0)
+
+    def split_dim1():
+        inp = torch.ones(2, 3 * world_size)
+        out = torch.empty(2, 3)
+        with _fd2_muted():
+            reduce_scatter(out, inp, group=group)
+        return "accepted"
+    attempt(f"reduce_scatter input (2, {3 * world_size}) -> (2, 3)", split_dim1)
+    dist.barrier(group=group)
+    return facts
+
+
+@contextlib.contextmanager
+def _fd2_muted():
+    """gloo also logs a failed check straight to file descriptor 2 (with a timestamp), outside
+    Python's sys.stderr; the exception carries the same words, so silence the duplicate."""
+    sys.stderr.flush()
+    saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 2)
+    try:
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
+
+
+def reduce_scatter_ratios(records: list[dict]) -> list[dict]:
+    """t(reduce_scatter) / t(all_reduce) on the same n-byte buffer and world size.
+
+    A ring reduce-scatter moves (p−1)/p·n per rank, an all-reduce twice that, so the ratio
+    tends to 0.5 for large messages. gloo builds reduce_scatter_tensor from an all-reduce,
+    which puts it at 1 or above.
+    """
+    times = {(r["op"], r["world_size"], r["bytes"]): median_time(r) for r in records}
+    out = []
+    for (op, p, n), t in sorted(times.items(), key=lambda kv: (kv[0][1], kv[0][2])):
+        if op == "reduce_scatter" and ("all_reduce", p, n) in times:
+            out.append({"world_size": p, "bytes": n, "ratio": t / times["all_reduce", p, n]})
+    return out
+
+
+def reduce_scatter_is_emulated(records: list[dict], min_bytes: int = 1 * MiB) -> bool | None:
+    """True when reduce-scatter costs what an all-reduce does (bandwidth regime); None if unmeasured."""
+    ratios = [r["ratio"] for r in reduce_scatter_ratios(records) if r["bytes"] >= min_bytes]
+    if not ratios:
+        return None
+    return statistics.median(ratios) > _EMULATED_IF_RATIO_ABOVE
+
+
+def op_labels(records: list[dict]) -> dict[str, str]:
+    """Names for tables and legends, with reduce-scatter marked when it is measured emulated."""
+    labels = {r["op"]: r["op"] for r in records}
+    if "reduce_scatter" in labels and reduce_scatter_is_emulated(records):
+        backend = records[0]["backend"]
+        labels["reduce_scatter"] = f"reduce_scatter ({backend}: all-reduce inside)"
+    return labels
+
+
+# ----------------------------------------------------------------------------------------
+# The lecture's formulas beside nccl-tests', on the same measurements.
+# ----------------------------------------------------------------------------------------
+
+def lecture_all_reduce_bw(size_bytes: float, p: int, seconds: float) -> float:
+    """lecture_08.py: size·2(p−1) bytes "sent", over p·duration, divided by 1024³ (GiB/s)."""
+    return size_bytes * 2 * (p - 1) / (p * seconds) / GiB
+
+
+def lecture_reduce_scatter_bw(output_bytes: float, p: int, seconds: float) -> float:
+    """lecture_08.py, the revision consistent with the printed ≈70: the OUTPUT's bytes·(p−1) over p·duration, /1024³."""
+    return output_bytes * (p - 1) / (p * seconds) / GiB
+
+
+def lecture_vs_nccl_tests(all_reduce_s: float, reduce_scatter_s: float, n_bytes: float,
+                          p: int) -> list[dict]:
+    """Both conventions on one all-reduce of n bytes and one reduce-scatter of n input bytes."""
+    out_bytes = n_bytes / p
+    rows = []
+    for op, t, lecture in (
+        ("all_reduce", all_reduce_s, lecture_all_reduce_bw(n_bytes, p, all_reduce_s)),
+        ("reduce_scatter", reduce_scatter_s, lecture_reduce_scatter_bw(out_bytes, p, reduce_scatter_s)),
+    ):
+        busbw = ab.busbw_GBps(op, p, n_bytes, t)
+        rows.append({"op": op, "time_s": t, "lecture_printed": lecture,
+                     "lecture_in_GB": lecture * GiB / GB, "nccl_busbw_GBps": busbw,
+                     "busbw_over_lecture": busbw / lecture})
+    return rows
+
+
+def explain_lecture_numbers(lecture: dict = LECTURE) -> list[dict]:
+    """Undo the lecture's two formulas on its printed numbers: what time did it measure, and
+    what bus bandwidth (nccl-tests, GB/s) does that time mean?"""
+    p, n = lecture["world_size"], lecture["num_elements"] * lecture["element_bytes"]
+    rows = []
+    # all-reduce: printed = n·2(p−1)/(p·t)/GiB  ->  t
+    printed = lecture["all_reduce_printed"]
+    t = n * 2 * (p - 1) / (p * printed * GiB)
+    rows.append({"op": "all_reduce", "printed": printed, "time_s": t,
+                 "printed_in_GB": printed * GiB / GB, "formula_factor": 1.0,
+                 "nccl_busbw_GBps": ab.busbw_GBps("all_reduce", p, n, t)})
+    # reduce-scatter: input p×n on each rank, output n; printed = n·(p−1)/(p·t)/GiB  ->  t
+    printed = lecture["reduce_scatter_printed"]
+    t = n * (p - 1) / (p * printed * GiB)
+    rows.append({"op": "reduce_scatter", "printed": printed, "time_s": t,
+                 "printed_in_GB": printed * GiB / GB, "formula_factor": float(p),
+                 "nccl_busbw_GBps": ab.busbw_GBps("reduce_scatter", p, p * n, t)})
+    return rows
+
+
+# ----------------------------------------------------------------------------------------
+# Figures and the widget.
+# ----------------------------------------------------------------------------------------
+
+def plot_sweep(records: list[dict], fits: dict | None = None, ax_pair=None):
+    """Left: time vs message size, measured points (median, IQR bars) and fitted α–β lines.
+    Right: nccl-tests bus bandwidth vs size. Returns the figure."""
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    if ax_pair is None:
+        fig, ax_pair = plt.subplots(1, 2, figsize=(11, 4))
+    ax_t, ax_bw = ax_pair
+    fig = ax_t.figure
+    labels = op_labels(records)
+    groups: dict[tuple[str, int], list[dict]] = {}
+    for r in records:
+        groups.setdefault((r["op"], r["world_size"]), []).append(r)
+    # One colour per operation, one line style and marker per world size.
+    colors = {op: f"C{i % 10}" for i, op in enumerate(sorted({op for op, _ in groups}))}
+    world_sizes = sorted({p for _, p in groups})
+    styles = {p: ("-", "--", ":", "-.")[i % 4] for i, p in enumerate(world_sizes)}
+    markers = {p: "osD^v<>p"[i % 8] for i, p in enumerate(world_sizes)}
+    for (op, p), rs in sorted(groups.items()):
+        rs = sorted(rs, key=lambda r: r["bytes"])
+        n = np.array([r["bytes"] for r in rs], dtype=float)
+        med = np.array([median_time(r) for r in rs])
+        q = np.array([measurement(r).quartiles for r in rs])
+        color, name = colors[op], f"{labels[op]}, p={p}"
+        ax_t.errorbar(n, med, yerr=[med - q[:, 0], q[:, 1] - med], fmt=markers[p], ms=4,
+                      color=color, label=name)
+        if fits and (op in fits or op in fits.get(p, {})):
+            grid = np.geomspace(n.min(), n.max(), 50)
+            fit = _fit_for(fits, op, p)
+            ax_t.plot(grid, [fit.predict(p, x) for x in grid], styles[p], color=color, lw=1)
+        ax_bw.plot(n, [ab.busbw_GBps(op, p, x, t) for x, t in zip(n, med)], styles[p],
+                   marker=markers[p], ms=4, color=color, label=name)
+    ax_t.set(xscale="log", yscale="log", xlabel="message size n (bytes)",
+             ylabel="time per call (s), median and IQR",
+             title="measured (points) and fitted α–β model (lines)")
+    ax_bw.set(xscale="log", xlabel="message size n (bytes)",
+              ylabel="bus bandwidth (GB/s, 1 GB = 10⁹ B)", title="nccl-tests busbw")
+    ax_t.legend(fontsize=7)
+    ax_bw.legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+SIZE_EXPONENTS = (10, 28)     # the widget's range: 2^10 = 1 KiB … 2^28 = 256 MiB
+# The widget's world-size slider stops here by default: each extra CPU rank is a process that
+# imports torch (seconds on a small machine). Pass max_world_size=8 for the full range.
+WIDGET_MAX_WORLD_SIZE = 4
+
+
+def widget_plan(op: str, world_size: int, size_exponents: tuple[int, int], points: int = 5) -> dict:
+    """What the widget will measure: up to `points` sizes between 2^lo and 2^hi bytes,
+    snapped so they split evenly on `world_size` ranks. Pure: tests call it directly."""
+    check_ops((op,))
+    lo, hi = size_exponents
+    if not (SIZE_EXPONENTS[0] <= lo <= hi <= SIZE_EXPONENTS[1]):
+        raise ValueError(f"size_exponents must satisfy {SIZE_EXPONENTS[0]} <= lo <= hi <= "
+                         f"{SIZE_EXPONENTS[1]}, got {size_exponents}")
+    exps = sorted({round(e) for e in np.linspace(lo, hi, min(points, hi - lo + 1))})
+    sizes = sorted({snap_size(2**e, op, world_size) for e in exps})
+    plan_sweep((op,), sizes, (world_size,))  # same checks as any sweep
+    return {"op": op, "world_size": world_size, "sizes": sizes,
+            "iters": 5 if sizes[-1] <= 16 * MiB else 3}
+
+
+def widget_update(ranks, op: str, world_size: int, size_exponents: tuple[int, int]):
+    """The widget's callback: a small live sweep, its fit, and the figure."""
+    plan = widget_plan(op, world_size, size_exponents)
+    records = run_sweep(ranks, (op,), plan["sizes"], (world_size,), iters=plan["iters"],
+                        warmup=1, progress=False)
+    fits = fit_sweep(records) if len(records) >= 2 else None
+    return records, fits, plot_sweep(records, fits)
+
+
+def sweep_widget(ranks, max_world_size: int = WIDGET_MAX_WORLD_SIZE):
+    """Operation, world size and size range -> re-run a small sweep and redraw."""
+    import ipywidgets as w
+    import matplotlib.pyplot as plt
+    from IPython.display import display
+
+    op = w.Dropdown(options=sorted(OPS), value="all_reduce", description="operation")
+    p = w.IntSlider(value=2, min=2, max=max_world_size, description="world size p")
+    sizes = w.IntRangeSlider(value=(10, 20), min=SIZE_EXPONENTS[0], max=SIZE_EXPONENTS[1],
+                             description="log2 n (bytes)")
+    button = w.Button(description="run sweep")
+    out = w.Output()
+
+    def on_click(_):
+        with out:
+            out.clear_output(wait=True)
+            records, fits, fig = widget_update(ranks, op.value, p.value, tuple(sizes.value))
+            print(cores_line(records[0]["backend"], p.value))
+            for line in fit_lines(fits or {}, op_labels(records)):
+                print(line)
+            display(fig)
+            plt.close(fig)
+
+    button.on_click(on_click)
+    return w.VBox([w.HBox([op, p]), w.HBox([sizes, button]), out])
+
