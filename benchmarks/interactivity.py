@@ -35,9 +35,18 @@ def main(argv=None):
 
         warm = measure(through_live, f"LiveRanks({n}).run all-reduce", repeat=args.warm_runs,
                        warmup=2)
+        smaller = max(1, n // 2)
+
+        def slider_move():  # what a world-size slider does: re-form the group, run
+            live.resize(smaller).run(all_reduce_once)
+            live.resize(n).run(all_reduce_once)
+
+        moves = measure(slider_move, f"resize {n}->{smaller}->{n} with an all-reduce at each",
+                        repeat=5, warmup=1)
     print(f"{cpu_cores()} cores, {threads_per_rank(n)} thread(s) per rank")
     print(cold)
     print(warm)
+    print(moves)
     print(json.dumps({"world_size": n, "spawn_s": round(cold.median, 4),
                       "warm_s": round(warm.median, 5),
                       "speedup": round(cold.median / warm.median, 1)}))
