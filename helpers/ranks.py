@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import functools
+import inspect
 import io
 import multiprocessing as mp
 import multiprocessing.connection as mpc
@@ -122,7 +123,9 @@ def check_rank_function(fn: Any) -> Callable:
     target = fn.func if isinstance(fn, functools.partial) else fn
     module = getattr(target, "__module__", None)
     qualname = getattr(target, "__qualname__", "")
-    if module in (None, "__main__", "builtins") or module.startswith("__"):
+    if module in (None, "builtins") or not inspect.isfunction(inspect.unwrap(target)):
+        raise ValueError(f"fn={fn!r} must be a Python function defined in an importable module")
+    if module == "__main__" or module.startswith("__"):
         raise ValueError(
             f"fn={qualname or fn!r} is defined in a notebook cell or script (module {module!r}); "
             "a fresh rank process cannot import it. Put rank functions in a module, e.g. helpers/.")
@@ -317,7 +320,7 @@ class LiveRanks:
     """Keep `world_size` ranks alive between calls.
 
     >>> with LiveRanks(4) as ranks:
-    ...     ranks.run(helpers.collectives.lecture_all_reduce)
+    ...     ranks.run(helpers.collectives.lecture_example)
 
     Ranks start lazily on the first `run`. `resize(n)` re-forms the process group over the
     first n of the processes already started (starting more only if needed), so moving a
@@ -332,10 +335,11 @@ class LiveRanks:
         self._ranks: list[_Rank] = []
         self._group_size = 0          # size of the process group the ranks have joined
         self._generation = 0
-        self._tmpdir: str | None = None
+        # Rendezvous files live here; private to this user (mkdtemp is mode 0700).
+        self._tmpdir = tempfile.mkdtemp(prefix="plab-ranks-")
         self._ctx = mp.get_context("spawn")
         # Close on garbage collection and at interpreter exit, whichever comes first.
-        self._finalizer = weakref.finalize(self, _kill_all, self._ranks, None)
+        self._finalizer = weakref.finalize(self, _kill_all, self._ranks, self._tmpdir)
 
     @property
     def world_size(self) -> int:
@@ -368,8 +372,10 @@ class LiveRanks:
         deadline = time.monotonic() + 2
         for rank in self._ranks:
             rank.process.join(timeout=max(0.0, deadline - time.monotonic()))
-        _kill_all(self._ranks, self._tmpdir)
-        self._tmpdir = None
+        _kill_all(self._ranks, None)
+        for name in os.listdir(self._tmpdir) if os.path.isdir(self._tmpdir) else ():
+            with contextlib.suppress(OSError):
+                os.remove(os.path.join(self._tmpdir, name))
         self._group_size = 0
 
     def __enter__(self) -> "LiveRanks":
@@ -392,8 +398,7 @@ class LiveRanks:
         n = self._world_size
         if self._group_size == n and all(r.process.is_alive() for r in self._ranks[:n]):
             return
-        if self._tmpdir is None:
-            self._tmpdir = tempfile.mkdtemp(prefix="plab-ranks-")
+        os.makedirs(self._tmpdir, mode=0o700, exist_ok=True)
         loopback = loopback_interface()
         new = [_Rank(self._ctx, i, loopback) for i in range(len(self._ranks), n)]
         self._ranks.extend(new)

@@ -208,7 +208,7 @@ defined_in_a_cell.__module__ = "__main__"  # what a function typed into a notebo
     (lambda: spawn(rank_fns.identity, 2, backend="mpi"), ValueError, "backend must be one of"),
     (lambda: spawn(rank_fns.identity, 2, timeout=0), ValueError, "timeout must be"),
     (lambda: LiveRanks(2).resize(-1), ValueError, "world_size must be between 1 and"),
-    (lambda: LiveRanks(2).run(print), ValueError, "builtins"),
+    (lambda: LiveRanks(2).run(print), ValueError, "must be a Python function"),
 ])
 def test_bad_arguments_fail_before_any_process_starts(call, error, words):
     before = set(multiprocessing.active_children())
