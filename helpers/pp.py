@@ -315,12 +315,7 @@ def run_pipeline(schedule: str = "1f1b", p: int = P, m: int = M, *, ranks=None,
         mode = "compute" if p <= _ranks.cpu_cores() else "wait"
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
-    if mode == "compute":
-        _check_model(p, m, v, num_layers, batch)
-    else:
-        check_positive_int("batch", batch)
-        if batch % m:
-            raise ValueError(f"batch must be divisible by m, got batch={batch}, m={m}")
+    _check_model(p, m, v, num_layers, batch)  # wait mode too: same pipeline, no matmuls
     t_b = 2 * t_f if t_b is None else t_b
     for name, value in (("t_f", t_f), ("t_b", t_b)):
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
@@ -455,7 +450,9 @@ def explore_pipeline(p: int, m: int, schedule: str, ranks=None, t_f: float = 0.0
     if ranks is None:
         run = simulated_run(schedule, p, m, t_f=t_f)
     else:
-        run = run_pipeline(schedule, p, m, ranks=ranks, mode="wait", t_f=t_f)
+        # one notional layer per stage: the wait mode times the schedule, not the model
+        stages = p * check_schedule_args(p, m, schedule)
+        run = run_pipeline(schedule, p, m, ranks=ranks, mode="wait", t_f=t_f, num_layers=stages)
     text = run.summary() + f"; peak live micro-batches per rank {run.peak_live}"
     plot_gantt(run.events, p, title=text.split(";")[0], ax=ax)
     return run, text
