@@ -17,7 +17,7 @@ def plot_gantt(events: list[dict], p: int, title: str = "", ax=None, unit: str =
     is the bubble. Times are shifted so the schedule starts at 0; `unit` labels the axis.
     """
     if ax is None:
-        _, ax = plt.subplots(figsize=(10, 0.55 * p + 1.3))
+        _, ax = plt.subplots(figsize=(10, max(2.6, 0.5 * p + 1.4)), layout="constrained")
     t0 = min(e["start"] for e in events)
     scale = 1e3 if unit == "ms" else 1.0
     span = (max(e["end"] for e in events) - t0) * scale
@@ -43,3 +43,14 @@ def plot_gantt(events: list[dict], p: int, title: str = "", ax=None, unit: str =
     if title:
         ax.set_title(title, fontsize=10)
     return ax
+
+
+def plot_runs(runs, unit: str = "ms"):
+    """Several runs (objects with .events, .p and .summary()) stacked on one time axis."""
+    runs = list(runs)
+    height = sum(max(2.6, 0.5 * r.p + 1.4) for r in runs)  # room for the legend
+    fig, axes = plt.subplots(len(runs), 1, figsize=(10, height), sharex=True, squeeze=False,
+                             layout="constrained")
+    for ax, run in zip(axes[:, 0], runs):
+        plot_gantt(run.events, run.p, title=run.summary(), ax=ax, unit=unit)
+    return fig
