@@ -29,7 +29,8 @@ def plot_gantt(events: list[dict], p: int, title: str = "", ax=None, unit: str =
                 edgecolor="black", linewidth=0.4)
         if width > span / 60:  # label the bar only when there is room
             label = f"{e['kind']}{e['mb']}" + (f".{e['chunk']}" if e.get("chunk") else "")
-            ax.text(start + width / 2, e["rank"], label, ha="center", va="center", fontsize=7)
+            ax.text(start + width / 2, e["rank"], label, ha="center", va="center", fontsize=7,
+                    clip_on=True)
     ax.set_yticks(range(p), [f"rank {r}" for r in range(p)])
     ax.set_ylim(p - 0.5, -0.5)  # rank 0 on top, as in the papers
     ax.set_xlim(0, span * 1.01)
@@ -53,4 +54,6 @@ def plot_runs(runs, unit: str = "ms"):
                              layout="constrained")
     for ax, run in zip(axes[:, 0], runs):
         plot_gantt(run.events, run.p, title=run.summary(), ax=ax, unit=unit)
+    widest = max(max(e["end"] for e in r.events) - min(e["start"] for e in r.events) for r in runs)
+    axes[0, 0].set_xlim(0, widest * (1e3 if unit == "ms" else 1.0) * 1.01)  # shared by all
     return fig
