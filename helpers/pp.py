@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from helpers import ranks as _ranks
 from helpers.gantt import plot_gantt
 from helpers.pp_schedules import (MODES, Action, bubble_theory, check_schedule_args,
-                                  make_plan, measured_bubble, simulate, stage_of)
+                                  make_plan, measured_bubble, peak_live, simulate, stage_of)
 
 # The lecture's running example.
 HIDDEN, NUM_LAYERS, BATCH, P, M = 1024, 4, 128, 2, 4
@@ -146,12 +146,6 @@ def run_lecture_forward(p: int = P, m: int = M, *, ranks=None, num_layers: int =
 # 2. Schedules with backward, asynchronous messages and an event log.
 # ------------------------------------------------------------------------------------------
 
-def _tag(kind: str, stage: int, mb: int, stages: int, m: int) -> int:
-    """A distinct tag per message, so a forward's activations can never be mistaken for
-    another micro-batch's (or for a gradient) whatever order they arrive in."""
-    return ((kind == "B") * stages + stage) * m + mb
-
-
 def _wait(seconds: float) -> None:
     """Sleep (no CPU) until `seconds` have passed; loops in case a sleep wakes up early."""
     deadline = time.perf_counter() + seconds
@@ -159,115 +153,138 @@ def _wait(seconds: float) -> None:
         time.sleep(left)
 
 
+class _Mailbox:
+    """One rank's asynchronous messages.
+
+    Every message gets a distinct tag per (kind, stage, micro-batch), so activations can
+    never be mistaken for another micro-batch's, or for a gradient, whatever order they
+    arrive in. Receives are posted ahead of need (`post`); sends go out with isend and are
+    only waited for at the end (`flush`). A message to oneself (stage s and s ± 1 on the
+    same rank, which happens when p = 1 with interleaving) never leaves the process.
+    """
+
+    def __init__(self, rank: int, p: int, m: int, v: int, shape: tuple):
+        self.rank, self.p, self.m, self.stages, self.shape = rank, p, m, p * v, shape
+        self.posted: dict[Action, tuple] = {}
+        self.local: dict[int, torch.Tensor] = {}
+        self.sends: list = []
+
+    def tag(self, kind: str, stage: int, mb: int) -> int:
+        return ((kind == "B") * self.stages + stage) * self.m + mb
+
+    def source(self, a: Action):
+        """(src rank, tag) of the message action `a` consumes, or None at the pipeline's ends."""
+        s = stage_of(a, self.rank, self.p)
+        if a.kind == "F" and s > 0:
+            return (s - 1) % self.p, self.tag("F", s, a.mb)
+        if a.kind == "B" and s < self.stages - 1:
+            return (s + 1) % self.p, self.tag("B", s, a.mb)
+        return None
+
+    def post(self, a: Action) -> None:
+        """Start receiving what `a` will need, without waiting for it."""
+        src = self.source(a)
+        if src is not None and src[0] != self.rank and a not in self.posted:
+            buffer = torch.empty(self.shape)
+            self.posted[a] = (dist.irecv(buffer, src=src[0], tag=src[1]), buffer)
+
+    def take(self, a: Action):
+        """Block until the input of `a` has arrived and return it (None if it needs none)."""
+        src = self.source(a)
+        if src is None:
+            return None
+        if src[0] == self.rank:
+            return self.local.pop(src[1])
+        self.post(a)
+        work, buffer = self.posted.pop(a)
+        work.wait()
+        return buffer
+
+    def send(self, tensor, stage: int, kind: str, mb: int) -> None:
+        """Hand `tensor` to whoever runs `stage` and return at once."""
+        dst, tag = stage % self.p, self.tag(kind, stage, mb)
+        if dst == self.rank:
+            self.local[tag] = tensor
+        else:  # keep the tensor alive until the send completes
+            self.sends.append((dist.isend(tensor, dst=dst, tag=tag), tensor))
+
+    def flush(self) -> None:
+        for work, _ in self.sends:
+            work.wait()
+        self.sends.clear()
+
+
+def _stage_layers(rank, p, v, hidden, num_layers, seed) -> dict:
+    """chunk -> {global layer index: weight} for the stages this rank holds."""
+    per_stage = num_layers // (p * v)
+    weights = init_weights(hidden, num_layers, seed)
+    return {c: {l: weights[l].clone().requires_grad_() for l in
+                range((c * p + rank) * per_stage, (c * p + rank + 1) * per_stage)}
+            for c in range(v)}
+
+
 def pipeline_rank(rank, p, schedule, m, v, mode, t_f, t_b, hidden, num_layers, batch, seed):
     """One rank of a pipeline schedule. Returns its event log, its peak number of live
     micro-batches, its layers' gradients and (last stage) the loss.
 
-    Messages are asynchronous: before running action i the rank already posts the receive
-    for action i + 1, and it sends its outputs with isend without waiting, so activations
-    and gradients travel while the next F or B computes. A rank only ever blocks on the
-    input it needs now, which is what the schedule's dependencies allow.
+    Before running action i the rank already posts the receive for action i + 1, and it
+    sends its outputs with isend without waiting, so activations and gradients travel while
+    the next F or B computes. A rank only ever blocks on the input it needs now, which is
+    what the schedule's dependencies allow.
     """
     plan = make_plan(schedule, p, m, rank, v)
-    stages, last = p * v, p * v - 1
+    last = p * v - 1
     shape = (batch // m, hidden)
+    mail = _Mailbox(rank, p, m, v, shape)
     compute = mode == "compute"
     if compute:
-        per_stage = num_layers // stages
-        weights = init_weights(hidden, num_layers, seed)
-        layers = {c: [weights[l].clone().requires_grad_() for l in
-                      range((c * p + rank) * per_stage, (c * p + rank + 1) * per_stage)]
-                  for c in range(v)}
-        x, y = make_batch(batch, hidden, seed)
-        xs, ys = x.chunk(m), y.chunk(m)
-    else:
-        placeholder = torch.zeros(shape)  # wait mode still sends real messages of real size
-
-    local_inbox: dict[tuple, torch.Tensor] = {}  # messages a rank sends to itself (p = 1)
-
-    def source(a: Action):
-        """(src rank, tag) of the message action `a` consumes, or None."""
-        s = stage_of(a, rank, p)
-        if a.kind == "F" and s > 0:
-            return (s - 1) % p, _tag("F", s, a.mb, stages, m)
-        if a.kind == "B" and s < last:
-            return (s + 1) % p, _tag("B", s, a.mb, stages, m)
-        return None
-
-    def send(tensor, stage: int, kind: str, mb: int):
-        dst, tag = stage % p, _tag(kind, stage, mb, stages, m)
-        if dst == rank:
-            local_inbox[tag] = tensor
-        else:
-            sends.append((dist.isend(tensor, dst=dst, tag=tag), tensor))
-
-    posted: dict[int, tuple] = {}
-
-    def post_recv(i: int):
-        if i >= len(plan) or i in posted:
-            return
-        src = source(plan[i])
-        if src is not None and src[0] != rank:
-            buffer = torch.empty(shape)
-            posted[i] = (dist.irecv(buffer, src=src[0], tag=src[1]), buffer)
-
-    sends: list = []
-    saved: dict[tuple, tuple] = {}  # (chunk, mb) -> what the backward will need
-    events, losses, peak = [], [], 0
-    if compute:  # first-call costs (thread pools, allocator) stay outside the timeline
-        for ws in layers.values():
-            mlp_forward(torch.zeros(shape, requires_grad=True), ws).sum().backward()
-            for w in ws:
+        layers = _stage_layers(rank, p, v, hidden, num_layers, seed)
+        xs, ys = (t.chunk(m) for t in make_batch(batch, hidden, seed))
+        for chunk in layers.values():  # first-call costs (thread pools, allocator) stay
+            mlp_forward(torch.zeros(shape, requires_grad=True), chunk.values()).sum().backward()
+            for w in chunk.values():   # outside the timeline
                 w.grad = None
+    else:
+        placeholder = torch.zeros(shape)  # wait mode still sends messages of the real size
+
+    saved: dict[tuple, tuple] = {}  # (chunk, mb) -> what its backward will need
+    events, losses, peak = [], [], 0
     dist.barrier()  # everyone starts the clock together
     for i, a in enumerate(plan):
-        post_recv(i)
-        post_recv(i + 1)  # the next input travels while this action computes
-        src = source(a)
-        received = None
-        if src is not None:
-            if src[0] == rank:
-                received = local_inbox.pop(src[1])
-            else:
-                work, received = posted.pop(i)
-                work.wait()
+        if i + 1 < len(plan):
+            mail.post(plan[i + 1])  # the next input travels while this action runs
+        received = mail.take(a)
         s = stage_of(a, rank, p)
         start = time.perf_counter()
         if a.kind == "F":
             if compute:
                 inp = xs[a.mb] if s == 0 else received.requires_grad_()
-                out = mlp_forward(inp, layers[a.chunk])
-                if s == last:
-                    out = F.mse_loss(out, ys[a.mb]) / m  # mean over micro-batches = full batch
+                out = mlp_forward(inp, layers[a.chunk].values())
+                if s == last:  # loss per micro-batch / m: they add up to the full-batch mean
+                    out = F.mse_loss(out, ys[a.mb]) / m
                     losses.append(out.item())
                 saved[(a.chunk, a.mb)] = (inp, out)
             else:
                 _wait(t_f / v)
-                saved[(a.chunk, a.mb)] = None
+                saved[(a.chunk, a.mb)] = (None, placeholder)
             peak = max(peak, len(saved))
             end = time.perf_counter()
             if s < last:
-                send(out.detach() if compute else placeholder, s + 1, "F", a.mb)
+                mail.send(saved[(a.chunk, a.mb)][1].detach(), s + 1, "F", a.mb)
         else:
-            kept = saved.pop((a.chunk, a.mb))
+            inp, out = saved.pop((a.chunk, a.mb))
             if compute:
-                inp, out = kept
-                out.backward(None if s == last else received)
+                out.backward(None if s == last else received)  # weight grads accumulate
             else:
                 _wait(t_b / v)
             end = time.perf_counter()
             if s > 0:
-                send(inp.grad if compute else placeholder, s - 1, "B", a.mb)
+                mail.send(inp.grad if compute else placeholder, s - 1, "B", a.mb)
         events.append({"rank": rank, "kind": a.kind, "chunk": a.chunk, "mb": a.mb,
                        "start": start, "end": end})
-    for work, _ in sends:
-        work.wait()
+    mail.flush()
     dist.barrier()
-    grads = {}
-    if compute:
-        for c, ws in layers.items():
-            first = (c * p + rank) * per_stage
-            grads.update({first + j: w.grad for j, w in enumerate(ws)})
+    grads = {l: w.grad for chunk in layers.values() for l, w in chunk.items()} if compute else {}
     return {"events": events, "peak_live": peak, "grads": grads,
             "loss": sum(losses) if losses else None}
 
@@ -300,7 +317,9 @@ class PipelineRun:
     def summary(self) -> str:
         v = f", v={self.v}" if self.v > 1 else ""
         formula = "(p−1)/(v·m+p−1)" if self.v > 1 else "(p−1)/(m+p−1)"
-        return (f"{self.schedule} p={self.p} m={self.m}{v} ({self.mode} mode): bubble measured "
+        how = "simulated" if self.mode == "simulated" else f"{self.mode} mode"
+        word = "simulated" if self.mode == "simulated" else "measured"
+        return (f"{self.schedule} p={self.p} m={self.m}{v} ({how}): bubble {word} "
                 f"{self.bubble_measured:.3f}, theory {formula} = {self.bubble_theory:.3f}")
 
 
@@ -348,7 +367,6 @@ def simulated_run(schedule: str = "1f1b", p: int = P, m: int = M, v: int | None 
     """The same record as `run_pipeline(mode="wait")`, computed instead of measured."""
     v = check_schedule_args(p, m, schedule, v)
     events = simulate(schedule, p, m, t_f, 2 * t_f if t_b is None else t_b, v)
-    from helpers.pp_schedules import peak_live
     return PipelineRun(schedule, p, m, v, "simulated", events,
                        [peak_live(make_plan(schedule, p, m, r, v)) for r in range(p)])
 
