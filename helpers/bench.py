@@ -157,13 +157,8 @@ def _collective_call(op: str, nbytes: int, rank: int, world_size: int, device):
         inbox = torch.zeros(numel, device=device)
         right, left = (rank + 1) % world_size, (rank - 1) % world_size
 
-        # P2POp insists on torch's own isend/irecv objects, not wrappers such as the
-        # ones helpers.ranks installs to name the op a rank is stuck in.
-        isend = getattr(dist.isend, "__wrapped_collective__", dist.isend)
-        irecv = getattr(dist.irecv, "__wrapped_collective__", dist.irecv)
-
         def ring_shift():
-            ops = [dist.P2POp(isend, buf, right), dist.P2POp(irecv, inbox, left)]
+            ops = [dist.P2POp(dist.isend, buf, right), dist.P2POp(dist.irecv, inbox, left)]
             for work in dist.batch_isend_irecv(ops):
                 work.wait()
         return ring_shift

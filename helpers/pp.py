@@ -15,7 +15,6 @@ The schedules themselves (lists of actions, the simulator, the bubble arithmetic
 """
 from __future__ import annotations
 
-import contextlib
 import math
 import time
 from dataclasses import dataclass, field
@@ -397,26 +396,10 @@ class StageModule(nn.Module):
         return mlp_forward(x, self.weights)
 
 
-@contextlib.contextmanager
-def _plain_p2p():
-    """helpers.ranks wraps dist.isend/irecv to report which operation a rank is in, but
-    `dist.P2POp` (used by torch.distributed.pipelining) accepts only the original functions:
-    hand it those for the duration."""
-    saved = {name: getattr(dist, name) for name in ("isend", "irecv")}
-    for name, fn in saved.items():
-        setattr(dist, name, getattr(fn, "__wrapped_collective__", fn))
-    try:
-        yield
-    finally:
-        for name, fn in saved.items():
-            setattr(dist, name, fn)
-
-
 def torch_pipelining_rank(rank, p, schedule="1f1b", m=M, hidden=HIDDEN,
                           num_layers=NUM_LAYERS, batch=BATCH, seed=0):
     """One training step with torch.distributed.pipelining's ScheduleGPipe / Schedule1F1B."""
-    with _plain_p2p():
-        return _torch_pipelining_step(rank, p, schedule, m, hidden, num_layers, batch, seed)
+    return _torch_pipelining_step(rank, p, schedule, m, hidden, num_layers, batch, seed)
 
 
 def _torch_pipelining_step(rank, p, schedule, m, hidden, num_layers, batch, seed):
