@@ -79,16 +79,15 @@ class _Bucket:
             offset += p.numel()
 
     def unpack(self, world_size: int) -> None:
-        self.buffer[:self.numel].div_(world_size)  # SUM then divide: gloo has no AVG
         offset, flags = 0, self.buffer[self.numel:].tolist()
         for p, flag in zip(self.params, flags):
-            average = self.buffer[offset:offset + p.numel()].view_as(p)
+            total = self.buffer[offset:offset + p.numel()].view_as(p)
             if flag == 0:           # no rank produced a gradient: leave it as plain training would
                 p.grad = None
             elif p.grad is None:    # other ranks did: take the average
-                p.grad = average.clone()
-            else:
-                p.grad.copy_(average)
+                p.grad = total / world_size
+            else:                   # SUM then divide (gloo has no AVG), straight into .grad
+                torch.div(total, world_size, out=p.grad)
             offset += p.numel()
 
 
@@ -266,14 +265,14 @@ def train_single_process(steps: int = 3, hidden: int = 1024, layers: int = 4, ba
 
 
 def lecture_train(rank: int, world_size: int, steps: int = 3, hidden: int = 1024, layers: int = 4,
-                  batch: int = 128, seed: int = 0, lr: float | None = None, init_seed: int | None = None
-                  ) -> dict:
+                  batch: int = 128, seed: int = 0, lr: float | None = None,
+                  seed_per_rank: bool = False) -> dict:
     """Rank function: the lecture's data parallelism, with SUM-then-divide so gloo can run it.
 
-    Every rank builds the model from `init_seed` (default: `seed`, the same on every rank, as in
-    the lecture); nothing is broadcast, so different seeds per rank would never be reconciled.
+    Every rank builds the model from `seed`, as the lecture does; nothing is broadcast, so with
+    `seed_per_rank=True` (rank r uses seed + r) the copies start apart and never meet.
     """
-    model = make_mlp(hidden, layers, seed if init_seed is None else init_seed)
+    model = make_mlp(hidden, layers, seed + rank if seed_per_rank else seed)
     opt = make_optimizer("sgd", model.parameters(), lr)
     x, losses = shard(make_batch(batch, hidden, seed), rank, world_size), []
     for _ in range(steps):
@@ -341,6 +340,16 @@ def compare_with_single_process(ranks, variants=("lecture",) + VARIANTS, steps: 
     return rows
 
 
+def comparison_table(rows: list[dict]) -> str:
+    """compare_with_single_process's rows as text (no times, no machine-dependent digits)."""
+    lines = [f"{'variant':<10}{'all-reduces/step':>18}{'ranks bit-identical':>21}"
+             f"{'= single process (assert_close)':>33}"]
+    for row in rows:
+        lines.append(f"{row['variant']:<10}{row['all_reduces_per_step']:>18}"
+                     f"{str(row['ranks_identical']):>21}{'passed':>33}")
+    return "\n".join(lines)
+
+
 # ----------------------------------------------------------------------------------------
 # A measured timeline: when does backward compute, when is an all-reduce in flight?
 # ----------------------------------------------------------------------------------------
@@ -382,27 +391,34 @@ def overlap_seconds(events: list[tuple]) -> float:
 
 
 def plot_timeline(traces: dict[str, list[list[tuple]]], ax=None):
-    """traces: {variant: [events of rank 0, events of rank 1, ...]} -> one row per (variant, rank)."""
+    """traces: {variant: [events of rank 0, events of rank 1, ...]} -> one row per (variant, rank):
+    compute on the upper lane, all-reduces in flight on the lower one, ticks where a gradient
+    became ready. Time 0 is the first rank's start of that variant's step (they left a barrier)."""
     import matplotlib.pyplot as plt
 
     rows = [(v, r, ev) for v, per_rank in traces.items() for r, ev in enumerate(per_rank)]
     if ax is None:
-        _, ax = plt.subplots(figsize=(9, 0.55 * len(rows) + 1))
+        _, ax = plt.subplots(figsize=(9, 0.6 * len(rows) + 1.2))
     colors = {"forward": "#9ecae1", "backward": "#3182bd", "all_reduce": "#e6550d"}
+    starts = {v: min(s for ev in per_rank for _, _, s, _ in ev) for v, per_rank in traces.items()}
     for y, (v, r, events) in enumerate(rows):
-        t0 = min(s for _, _, s, _ in events)
+        t0 = starts[v]
         for kind, _, s, e in events:
+            x, w = 1e3 * (s - t0), 1e3 * (e - s)
             if kind in ("forward", "backward"):
-                ax.broken_barh([(1e3 * (s - t0), 1e3 * (e - s))], (y - 0.35, 0.7), color=colors[kind])
+                ax.broken_barh([(x, w)], (y - 0.4, 0.4), color=colors[kind])
             elif kind == "all_reduce":
-                ax.broken_barh([(1e3 * (s - t0), 1e3 * (e - s))], (y - 0.3, 0.6),
-                               facecolor=colors[kind], alpha=0.45, edgecolor=colors[kind])
+                ax.broken_barh([(x, w)], (y + 0.02, 0.36), facecolor=colors[kind], alpha=0.6,
+                               edgecolor="black", linewidth=0.5)
+            elif kind == "grad":
+                ax.plot([x, x], [y - 0.42, y + 0.02], color="black", linewidth=1)
     ax.set_yticks(range(len(rows)), [f"{v} rank {r}" for v, r, _ in rows])
     ax.invert_yaxis()
-    ax.set_xlabel("ms since the step started on that rank")
-    handles = [plt.Rectangle((0, 0), 1, 1, color=c, alpha=0.45 if k == "all_reduce" else 1)
-               for k, c in colors.items()]
-    ax.legend(handles, ["forward", "backward", "all-reduce in flight"], loc="lower right")
+    ax.set_xlabel("ms since the step started (first rank)")
+    handles = [plt.Rectangle((0, 0), 1, 1, color=c, alpha=0.6 if k == "all_reduce" else 1)
+               for k, c in colors.items()] + [plt.Line2D([], [], color="black")]
+    ax.legend(handles, ["forward", "backward", "all-reduce in flight", "gradient ready (hook)"],
+              loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=4, frameon=False)
     return ax
 
 
@@ -439,3 +455,26 @@ def time_steps(rank: int, world_size: int, variant: str, bucket_size_mb: float =
         opt.zero_grad()
 
     return measure(step, variant, repeat=repeat, warmup=warmup, sync=dist.barrier).times_s
+
+
+def compare_step_times(ranks, variants=("compute",) + VARIANTS + ("torch",), hidden: int = 1024,
+                       layers: int = 4, batch: int = 128, bucket_size_mb: float = 8.0,
+                       repeat: int = 5, warmup: int = 1) -> dict:
+    """Time a step for each variant on `ranks`; print one measurement line each, with
+    comm_share = (step - compute-only step) / step when "compute" is among the variants."""
+    from helpers.timing import Measurement
+
+    for v in variants:
+        check_variant(v, VARIANTS + ("torch", "compute"))
+    check_bucket_size_mb(bucket_size_mb)
+    if batch % ranks.world_size:
+        raise ValueError(f"batch must be divisible by the world size {ranks.world_size}, got {batch}")
+    results = {v: Measurement(f"{v:<9} step, d={ranks.world_size}",
+                              ranks.run(time_steps, v, bucket_size_mb, hidden, layers, batch,
+                                        repeat, warmup)[0])
+               for v in variants}
+    compute = results["compute"].median if "compute" in results else None
+    for v, m in results.items():
+        share = f"  comm_share {max(0.0, 1 - compute / m.median):.2f}" if compute else ""
+        print(f"{m}{share}")
+    return results

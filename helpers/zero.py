@@ -211,3 +211,30 @@ def zero_memory_widget():
         n=w.IntSlider(value=64, min=1, max=1024, description="N"),
         stage=w.IntSlider(value=1, min=0, max=3, description="stage"),
         optimizer_bytes=w.IntSlider(value=12, min=0, max=16, description="K (opt. B/param)"))
+
+
+def measure_state_bytes(ranks, world_sizes=(1, 2, 4), hidden: int = 1024, layers: int = 4,
+                        batch: int = 32) -> list[dict]:
+    """Run sharded_vs_plain (AdamW) at each world size; one row per size."""
+    for n in world_sizes:
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ValueError(f"world_sizes must hold ints >= 1, got {n!r}")
+    rows = []
+    for n in world_sizes:
+        results = ranks.resize(n).run(sharded_vs_plain, "adamw", hidden=hidden, layers=layers,
+                                      batch=batch)
+        rows.append({"n": n, "per_rank": [r["sharded_state_bytes"] for r in results],
+                     "plain": results[0]["plain_state_bytes"],
+                     "equal": all(r["equal"] for r in results)})
+    return rows
+
+
+def state_bytes_table(rows: list[dict], psi: int) -> str:
+    """Measured optimizer state per rank next to the model: fp32 AdamW keeps m and v, K = 8."""
+    lines = [f"{'N':>3}{'per rank (measured)':>22}{'8Ψ/N (model)':>16}{'plain / max rank':>18}"
+             f"{'bit-identical':>15}"]
+    for row in rows:
+        worst = max(row["per_rank"])
+        lines.append(f"{row['n']:>3}{worst:>22,}{8 * psi // row['n']:>16,}"
+                     f"{row['plain'] / worst:>18.2f}{str(row['equal']):>15}")
+    return "\n".join(lines)
