@@ -214,15 +214,15 @@ def zero_memory_widget():
 
 
 def measure_state_bytes(ranks, world_sizes=(1, 2, 4), hidden: int = 1024, layers: int = 4,
-                        batch: int = 32) -> list[dict]:
+                        batch: int = 32, steps: int = 2) -> list[dict]:
     """Run sharded_vs_plain (AdamW) at each world size; one row per size."""
     for n in world_sizes:
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise ValueError(f"world_sizes must hold ints >= 1, got {n!r}")
     rows = []
     for n in world_sizes:
-        results = ranks.resize(n).run(sharded_vs_plain, "adamw", hidden=hidden, layers=layers,
-                                      batch=batch)
+        results = ranks.resize(n).run(sharded_vs_plain, "adamw", steps=steps, hidden=hidden,
+                                      layers=layers, batch=batch)
         rows.append({"n": n, "per_rank": [r["sharded_state_bytes"] for r in results],
                      "plain": results[0]["plain_state_bytes"],
                      "equal": all(r["equal"] for r in results)})
