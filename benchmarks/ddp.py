@@ -14,8 +14,10 @@ Definitions (all measured in this run, on the same ranks):
 * comm_share = (step_s - compute_step_s) / step_s, where compute_step_s is the same step with
   no gradient synchronisation at all ("compute" row), run at the same world size: the share
   of the step that synchronisation costs and overlap did not hide (clamped at 0).
-* bucketed_vs_torch: the best BucketedDDP step divided by torch DDP's step at the same world
-  size; the worse of the world sizes is reported (target <= 1.10).
+* bucketed_vs_torch: the best BucketedDDP step divided by torch DDP's step (default 25 MiB
+  buckets) at the same world size; the worse of the world sizes is reported (target <= 1.10).
+  bucketed_vs_best_torch: the same against torch DDP's best bucket size (the stricter test:
+  the best of several noisy medians favours whoever gets more tries).
 Last line: one JSON object.
 """
 from __future__ import annotations
@@ -35,13 +37,14 @@ TORCH_BUCKET_MB = 25.0  # torch DDP's default bucket_cap_mb
 def configurations() -> list[tuple[str, float | None]]:
     rows = [("compute", None), ("naive", None), ("flat", None), ("overlap", None)]
     rows += [("bucketed", mb) for mb in BUCKET_SIZES_MB]
-    return rows + [("torch", TORCH_BUCKET_MB)]
+    # torch DDP at its default and at our bucket sizes: a like-for-like comparison too
+    return rows + [("torch", mb) for mb in BUCKET_SIZES_MB + (TORCH_BUCKET_MB,)]
 
 
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--world-sizes", type=int, nargs="+", default=[2, 4])
-    parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--hidden", type=int, default=512)
     parser.add_argument("--layers", type=int, default=16)
@@ -54,7 +57,7 @@ def main(argv=None) -> dict:
     print(f"MLP {args.layers} x {args.hidden} (batch {args.batch}): {grad_mib:.0f} MiB of fp32 "
           f"gradients in {args.layers} tensors; gloo on loopback; {cpu_cores()} CPU cores")
 
-    results, ratios = [], {}
+    results, ratios, strict = [], {}, {}
     with LiveRanks(max(args.world_sizes), backend="gloo", timeout=300) as ranks:
         for world_size in args.world_sizes:
             ranks.resize(world_size)
@@ -74,13 +77,17 @@ def main(argv=None) -> dict:
                 results.append({"variant": variant, "world_size": world_size,
                                 "bucket_size_mb": mb, "step_s": round(step, 6),
                                 "comm_share": round(share, 3)})
-            best = min(r["step_s"] for r in results
-                       if r["world_size"] == world_size and r["variant"] == "bucketed")
-            torch_step = next(r["step_s"] for r in results
-                              if r["world_size"] == world_size and r["variant"] == "torch")
-            ratios[world_size] = round(best / torch_step, 3)
-            print(f"  best bucketed / torch DDP = {ratios[world_size]:.3f}")
+            here = [r for r in results if r["world_size"] == world_size]
+            best = min(r["step_s"] for r in here if r["variant"] == "bucketed")
+            torch_default = next(r["step_s"] for r in here if r["variant"] == "torch"
+                                 and r["bucket_size_mb"] == TORCH_BUCKET_MB)
+            torch_best = min(r["step_s"] for r in here if r["variant"] == "torch")
+            ratios[world_size] = round(best / torch_default, 3)
+            strict[world_size] = round(best / torch_best, 3)
+            print(f"  best bucketed / torch DDP (25 MiB) = {ratios[world_size]:.3f}, "
+                  f"/ best torch DDP = {strict[world_size]:.3f}")
     summary = {"results": results, "bucketed_vs_torch": max(ratios.values()),
+               "bucketed_vs_best_torch": max(strict.values()),
                "bucketed_vs_torch_by_world_size": ratios}
     print(json.dumps(summary))
     return summary

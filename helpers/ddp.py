@@ -229,6 +229,13 @@ def wrap(variant: str, module: nn.Module, bucket_size_mb: float = 25.0) -> _Data
 # Training on the lecture's MLP: single process, the lecture's loop, and the wrappers.
 # ----------------------------------------------------------------------------------------
 
+def rank_device() -> torch.device:
+    """Where this rank computes: its own GPU under NCCL (helpers.ranks puts rank r on cuda:r)."""
+    if dist.is_initialized() and dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
 def shard(batch: torch.Tensor, rank: int, world_size: int) -> torch.Tensor:
     """Rank r's contiguous slice of the batch (the batch must split evenly)."""
     if batch.shape[0] % world_size:
@@ -272,9 +279,10 @@ def lecture_train(rank: int, world_size: int, steps: int = 3, hidden: int = 1024
     Every rank builds the model from `seed`, as the lecture does; nothing is broadcast, so with
     `seed_per_rank=True` (rank r uses seed + r) the copies start apart and never meet.
     """
-    model = make_mlp(hidden, layers, seed + rank if seed_per_rank else seed)
+    device = rank_device()
+    model = make_mlp(hidden, layers, seed + rank if seed_per_rank else seed).to(device)
     opt = make_optimizer("sgd", model.parameters(), lr)
-    x, losses = shard(make_batch(batch, hidden, seed), rank, world_size), []
+    x, losses = shard(make_batch(batch, hidden, seed), rank, world_size).to(device), []
     for _ in range(steps):
         loss = mlp_loss(model(x))
         loss.backward()
@@ -292,9 +300,10 @@ def ddp_train(rank: int, world_size: int, variant: str, steps: int = 3, hidden: 
               lr: float | None = None, bucket_size_mb: float = 1.0) -> dict:
     """Rank function: train with a wrapper. Each rank initialises with its own seed (seed + rank)
     on purpose: the wrapper's broadcast must make them all start from rank 0's weights."""
-    model = wrap(variant, make_mlp(hidden, layers, seed + rank), bucket_size_mb)
+    device = rank_device()
+    model = wrap(variant, make_mlp(hidden, layers, seed + rank).to(device), bucket_size_mb)
     opt = make_optimizer(optimizer, model.parameters(), lr)
-    x, losses = shard(make_batch(batch, hidden, seed), rank, world_size), []
+    x, losses = shard(make_batch(batch, hidden, seed), rank, world_size).to(device), []
     for _ in range(steps):
         loss = mlp_loss(model(x))
         loss.backward()
@@ -358,9 +367,10 @@ def timeline(rank: int, world_size: int, variant: str, hidden: int = 1024, layer
              batch: int = 128, bucket_size_mb: float = 4.0, warmup: int = 2) -> list[tuple]:
     """Rank function: one traced training step; events (kind, label, start, end) in seconds of
     the machine-wide monotonic clock, so ranks' timestamps are comparable."""
-    model = wrap(variant, make_mlp(hidden, layers), bucket_size_mb)
+    device = rank_device()
+    model = wrap(variant, make_mlp(hidden, layers).to(device), bucket_size_mb)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    x = shard(make_batch(batch, hidden), rank, world_size)
+    x = shard(make_batch(batch, hidden), rank, world_size).to(device)
     for step in range(warmup + 1):
         model.trace = [] if step == warmup else None
         dist.barrier()
@@ -439,13 +449,19 @@ def time_steps(rank: int, world_size: int, variant: str, bucket_size_mb: float =
     from helpers.timing import measure
 
     check_variant(variant, VARIANTS + ("torch", "compute"))
-    model = make_mlp(hidden, layers)
+    device = rank_device()
+    model = make_mlp(hidden, layers).to(device)
     if variant == "torch":
         model = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=bucket_size_mb)
     elif variant != "compute":
         model = wrap(variant, model, bucket_size_mb)
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
-    x = shard(make_batch(batch, hidden), rank, world_size)
+    x = shard(make_batch(batch, hidden), rank, world_size).to(device)
+
+    def sync():  # count GPU work where it happens, and end every step on the slowest rank
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        dist.barrier()
 
     def step():
         mlp_loss(model(x)).backward()
@@ -454,7 +470,7 @@ def time_steps(rank: int, world_size: int, variant: str, bucket_size_mb: float =
         opt.step()
         opt.zero_grad()
 
-    return measure(step, variant, repeat=repeat, warmup=warmup, sync=dist.barrier).times_s
+    return measure(step, variant, repeat=repeat, warmup=warmup, sync=sync).times_s
 
 
 def compare_step_times(ranks, variants=("compute",) + VARIANTS + ("torch",), hidden: int = 1024,

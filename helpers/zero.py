@@ -135,10 +135,14 @@ def sharded_vs_plain(rank: int, world_size: int, optimizer: str = "adamw", steps
 
     cls, kwargs = {"adamw": (torch.optim.AdamW, {"lr": 1e-2, "weight_decay": 0.1}),
                    "sgd": (torch.optim.SGD, {"lr": 1.0, "momentum": 0.9})}[optimizer]
-    plain_model, sharded_model = make_mlp(hidden, layers, seed), make_mlp(hidden, layers, seed)
+    from helpers.ddp import rank_device
+
+    device = rank_device()
+    plain_model = make_mlp(hidden, layers, seed).to(device)
+    sharded_model = make_mlp(hidden, layers, seed).to(device)
     plain = cls(plain_model.parameters(), **kwargs)
     sharded = ShardedOptimizer(sharded_model.parameters(), cls, **kwargs)
-    x = make_batch(batch, hidden, seed)
+    x = make_batch(batch, hidden, seed).to(device)
     for _ in range(steps):
         for model, opt in ((plain_model, plain), (sharded_model, sharded)):
             mlp_loss(model(x)).backward()

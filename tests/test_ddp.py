@@ -245,3 +245,15 @@ def test_bad_arguments_fail_in_the_parent_before_any_rank_starts():
         ddp.compare_with_single_process(idle, batch=127)
     assert idle.pids == []
     idle.close()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2,
+                    reason="NCCL path needs 2 GPUs (one per rank); the gloo path is tested above")
+@pytest.mark.parametrize("variant", ddp.VARIANTS)
+def test_nccl_ranks_match_single_process_training(variant):
+    from helpers.ranks import spawn
+
+    common = dict(steps=3, hidden=HIDDEN, layers=LAYERS, batch=BATCH)
+    reference = ddp.train_single_process(**common)
+    for r in spawn(ddp.ddp_train, 2, variant, backend="nccl", bucket_size_mb=TWO_LAYERS_MB, **common):
+        torch.testing.assert_close(r["params"], reference["params"])
