@@ -1,6 +1,6 @@
 """Time one data-parallel training step for every wrapper and for torch's DDP, on gloo.
 
-    python -m benchmarks.ddp [--world-sizes 2 4] [--rounds 4] [--hidden 512] [--layers 16]
+    python -m benchmarks.ddp [--world-sizes 2 4] [--repeat 15] [--hidden 512] [--layers 16]
 
 The model is the lecture's MLP made deeper and narrower (16 layers of 512: 4.2M parameters,
 16 MiB of fp32 gradients in 16 tensors), so that each step moves as many bytes as the
@@ -8,9 +8,10 @@ lecture's 4 x 1024 model but in many tensors: per-collective latency (naive, ove
 bucketing then matter, and the loopback all-reduce costs as much as the compute.
 
 Definitions (all measured in this run, on the same ranks):
-* step_s: median seconds of one step (forward, backward, gradient sync, SGD step), a barrier
-  ending every step so that it lasts as long as the slowest rank; medians over `rounds`
-  interleaved rounds of `repeat` steps, so slow drift of a shared machine hits all alike.
+* step_s: median over `repeat` steps of one step (forward, backward, gradient sync, SGD step),
+  a barrier ending every step so that it lasts as long as the slowest rank. All variants' models
+  live side by side and take one step each in turn (rotating order), so the load of a shared
+  machine, which changes from second to second, hits all of them alike.
 * comm_share = (step_s - compute_step_s) / step_s, where compute_step_s is the same step with
   no gradient synchronisation at all ("compute" row), run at the same world size: the share
   of the step that synchronisation costs and overlap did not hide (clamped at 0).
@@ -44,14 +45,13 @@ def configurations() -> list[tuple[str, float | None]]:
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--world-sizes", type=int, nargs="+", default=[2, 4])
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--repeat", type=int, default=15)
     parser.add_argument("--hidden", type=int, default=512)
     parser.add_argument("--layers", type=int, default=16)
     parser.add_argument("--batch", type=int, default=128)
     args = parser.parse_args(argv)
-    if args.rounds < 1 or args.repeat < 1:
-        parser.error("--rounds and --repeat must be >= 1")
+    if args.repeat < 1:
+        parser.error("--repeat must be >= 1")
     model = dict(hidden=args.hidden, layers=args.layers, batch=args.batch)
     grad_mib = args.hidden * args.hidden * args.layers * 4 / 2**20
     print(f"MLP {args.layers} x {args.hidden} (batch {args.batch}): {grad_mib:.0f} MiB of fp32 "
@@ -62,12 +62,12 @@ def main(argv=None) -> dict:
         for world_size in args.world_sizes:
             ranks.resize(world_size)
             print(f"\nworld size {world_size} ({threads_per_rank(world_size)} thread(s) per rank)")
-            times = {c: [] for c in configurations()}
-            for _ in range(args.rounds):  # interleaved: every variant sees the same machine
-                for variant, mb in configurations():
-                    per_rank = ranks.run(ddp.time_steps, variant, mb or 25.0, repeat=args.repeat,
-                                         warmup=1, **model)
-                    times[(variant, mb)] += per_rank[0]  # the barrier makes ranks agree
+            configs = configurations()
+            # One step of each variant in turn, all models alive at once: a shared machine's
+            # load, which changes from second to second, then slows every variant alike.
+            per_rank = ranks.run(ddp.time_interleaved, [(v, mb or 25.0) for v, mb in configs],
+                                 repeat=args.repeat, warmup=2, **model)
+            times = dict(zip(configs, per_rank[0]))  # the barrier makes ranks agree
             compute = statistics.median(times[("compute", None)])
             for (variant, mb), ts in times.items():
                 step = statistics.median(ts)

@@ -436,18 +436,13 @@ def plot_timeline(traces: dict[str, list[list[tuple]]], ax=None):
 # Timing a training step (the benchmark and the notebook's small comparison).
 # ----------------------------------------------------------------------------------------
 
-def time_steps(rank: int, world_size: int, variant: str, bucket_size_mb: float = 25.0,
-               hidden: int = 1024, layers: int = 4, batch: int = 128, repeat: int = 5,
-               warmup: int = 2) -> tuple[float, ...]:
-    """Rank function: seconds per training step (forward, backward, sync, SGD step).
+def _training_step(variant: str, bucket_size_mb: float, hidden: int, layers: int, batch: int,
+                   rank: int, world_size: int):
+    """One training step (forward, backward, sync, SGD step) of `variant`, as a closure.
 
     variant: one of VARIANTS, "torch" (torch.nn.parallel.DistributedDataParallel with
     bucket_cap_mb=bucket_size_mb) or "compute" (no gradient synchronisation at all: the
-    compute-only baseline, run with the same ranks busy at the same time).
-    A barrier ends every step, so a step lasts as long as its slowest rank.
-    """
-    from helpers.timing import measure
-
+    compute-only baseline, run with the same ranks busy at the same time)."""
     check_variant(variant, VARIANTS + ("torch", "compute"))
     device = rank_device()
     model = make_mlp(hidden, layers).to(device)
@@ -458,19 +453,50 @@ def time_steps(rank: int, world_size: int, variant: str, bucket_size_mb: float =
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
     x = shard(make_batch(batch, hidden), rank, world_size).to(device)
 
-    def sync():  # count GPU work where it happens, and end every step on the slowest rank
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        dist.barrier()
-
     def step():
         mlp_loss(model(x)).backward()
         if variant in VARIANTS:
             model.finish_gradient_synchronization()
         opt.step()
         opt.zero_grad()
+    return step
 
-    return measure(step, variant, repeat=repeat, warmup=warmup, sync=sync).times_s
+
+def _end_of_step() -> None:
+    """Count GPU work where it happens, and end every step on the slowest rank."""
+    if dist.get_backend() == "nccl":
+        torch.cuda.synchronize()
+    dist.barrier()
+
+
+def time_steps(rank: int, world_size: int, variant: str, bucket_size_mb: float = 25.0,
+               hidden: int = 1024, layers: int = 4, batch: int = 128, repeat: int = 5,
+               warmup: int = 2) -> tuple[float, ...]:
+    """Rank function: seconds per training step of one variant (see _training_step).
+    A barrier ends every step, so a step lasts as long as its slowest rank."""
+    from helpers.timing import measure
+
+    step = _training_step(variant, bucket_size_mb, hidden, layers, batch, rank, world_size)
+    return measure(step, variant, repeat=repeat, warmup=warmup, sync=_end_of_step).times_s
+
+
+def time_interleaved(rank: int, world_size: int, configs: list[tuple[str, float]],
+                     hidden: int = 1024, layers: int = 4, batch: int = 128, repeat: int = 10,
+                     warmup: int = 2) -> list[list[float]]:
+    """Rank function: like time_steps for several (variant, bucket_size_mb) at once, one step of
+    each in turn (the order rotating every round), so that a machine whose load changes from
+    second to second slows every variant alike. Returns the times per config, in order."""
+    steps = [_training_step(v, mb, hidden, layers, batch, rank, world_size) for v, mb in configs]
+    times: list[list[float]] = [[] for _ in configs]
+    for round_ in range(warmup + repeat):
+        for i in [(round_ + k) % len(steps) for k in range(len(steps))]:
+            _end_of_step()
+            start = time.perf_counter()
+            steps[i]()
+            _end_of_step()
+            if round_ >= warmup:
+                times[i].append(time.perf_counter() - start)
+    return times
 
 
 def compare_step_times(ranks, variants=("compute",) + VARIANTS + ("torch",), hidden: int = 1024,
