@@ -1,6 +1,6 @@
 """Time one data-parallel training step for every wrapper and for torch's DDP, on gloo.
 
-    python -m benchmarks.ddp [--world-sizes 2 4] [--repeat 15] [--hidden 512] [--layers 16]
+    python -m benchmarks.ddp [--world-sizes 2 4] [--repeat 25] [--hidden 512] [--layers 16]
 
 The model is the lecture's MLP made deeper and narrower (16 layers of 512: 4.2M parameters,
 16 MiB of fp32 gradients in 16 tensors), so that each step moves as many bytes as the
@@ -45,7 +45,7 @@ def configurations() -> list[tuple[str, float | None]]:
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--world-sizes", type=int, nargs="+", default=[2, 4])
-    parser.add_argument("--repeat", type=int, default=15)
+    parser.add_argument("--repeat", type=int, default=25)
     parser.add_argument("--hidden", type=int, default=512)
     parser.add_argument("--layers", type=int, default=16)
     parser.add_argument("--batch", type=int, default=128)

@@ -502,8 +502,9 @@ def time_interleaved(rank: int, world_size: int, configs: list[tuple[str, float]
 def compare_step_times(ranks, variants=("compute",) + VARIANTS + ("torch",), hidden: int = 1024,
                        layers: int = 4, batch: int = 128, bucket_size_mb: float = 8.0,
                        repeat: int = 5, warmup: int = 1) -> dict:
-    """Time a step for each variant on `ranks`; print one measurement line each, with
-    comm_share = (step - compute-only step) / step when "compute" is among the variants."""
+    """Time a step for each variant on `ranks` (taking turns, see time_interleaved); print one
+    measurement line each, with comm_share = (step - compute-only step) / step when "compute"
+    is among the variants."""
     from helpers.timing import Measurement
 
     for v in variants:
@@ -511,10 +512,10 @@ def compare_step_times(ranks, variants=("compute",) + VARIANTS + ("torch",), hid
     check_bucket_size_mb(bucket_size_mb)
     if batch % ranks.world_size:
         raise ValueError(f"batch must be divisible by the world size {ranks.world_size}, got {batch}")
-    results = {v: Measurement(f"{v:<9} step, d={ranks.world_size}",
-                              ranks.run(time_steps, v, bucket_size_mb, hidden, layers, batch,
-                                        repeat, warmup)[0])
-               for v in variants}
+    times = ranks.run(time_interleaved, [(v, bucket_size_mb) for v in variants], hidden, layers,
+                      batch, repeat, warmup)[0]
+    results = {v: Measurement(f"{v:<9} step, d={ranks.world_size}", tuple(ts))
+               for v, ts in zip(variants, times)}
     compute = results["compute"].median if "compute" in results else None
     for v, m in results.items():
         share = f"  comm_share {max(0.0, 1 - compute / m.median):.2f}" if compute else ""

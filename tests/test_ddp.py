@@ -243,8 +243,22 @@ def test_bad_arguments_fail_in_the_parent_before_any_rank_starts():
         ddp.compare_with_single_process(idle, bucket_size_mb=0)
     with pytest.raises(ValueError, match="batch"):
         ddp.compare_with_single_process(idle, batch=127)
+    with pytest.raises(ValueError, match="variant"):
+        ddp.compare_step_times(idle, variants=("compute", "fastest"))
+    with pytest.raises(ValueError, match="batch"):
+        ddp.compare_step_times(idle, batch=3)
     assert idle.pids == []
     idle.close()
+
+
+def test_interleaved_timing_gives_every_variant_its_steps(ranks):
+    ranks.resize(2)
+    configs = [("compute", 1.0), ("naive", 1.0), ("bucketed", TWO_LAYERS_MB), ("torch", 1.0)]
+    per_rank = ranks.run(ddp.time_interleaved, configs, hidden=HIDDEN, layers=LAYERS, batch=BATCH,
+                         repeat=3, warmup=1)
+    for times in per_rank:
+        assert len(times) == len(configs)
+        assert all(len(ts) == 3 and all(t > 0 for t in ts) for ts in times)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2,
