@@ -164,9 +164,11 @@ class _DataParallel(nn.Module):
         if not self.overlap:
             self._record("all_reduce", label, start, time.perf_counter())
         elif self.trace is not None:
-            # The future completes on gloo's own thread when the data has arrived.
+            # The future completes on gloo's own thread when the data has arrived; the callback
+            # may run just after wait() returns, so it writes into this step's list, bound now.
+            trace = self.trace
             bucket.work.get_future().then(
-                lambda _f: self._record("all_reduce", label, start, time.perf_counter()))
+                lambda _f: trace.append(("all_reduce", label, start, time.perf_counter())))
 
     def finish_gradient_synchronization(self) -> None:
         """Launch what backward has not, wait for everything, average. Call before step()."""
@@ -364,15 +366,21 @@ def comparison_table(rows: list[dict]) -> str:
 # ----------------------------------------------------------------------------------------
 
 def timeline(rank: int, world_size: int, variant: str, hidden: int = 1024, layers: int = 4,
-             batch: int = 128, bucket_size_mb: float = 4.0, warmup: int = 2) -> list[tuple]:
-    """Rank function: one traced training step; events (kind, label, start, end) in seconds of
-    the machine-wide monotonic clock, so ranks' timestamps are comparable."""
+             batch: int = 128, bucket_size_mb: float = 4.0, warmup: int = 2,
+             traced: int = 5) -> list[tuple]:
+    """Rank function: a traced training step; events (kind, label, start, end) in seconds of
+    the machine-wide monotonic clock, so ranks' timestamps are comparable.
+
+    `traced` steps are recorded and the typical one returned: the step of median length (its
+    slowest rank's), agreed by all ranks, so a moment of load on a shared machine is not
+    mistaken for the picture."""
     device = rank_device()
     model = wrap(variant, make_mlp(hidden, layers).to(device), bucket_size_mb)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     x = shard(make_batch(batch, hidden), rank, world_size).to(device)
-    for step in range(warmup + 1):
-        model.trace = [] if step == warmup else None
+    recorded = []
+    for step in range(warmup + traced):
+        model.trace = []
         dist.barrier()
         start = time.perf_counter()
         loss = mlp_loss(model(x))
@@ -383,10 +391,16 @@ def timeline(rank: int, world_size: int, variant: str, hidden: int = 1024, layer
         sync_end = time.perf_counter()
         opt.step()
         opt.zero_grad()
-    events = list(model.trace) + [("forward", "", start, forward_end),
-                                  ("backward", "", forward_end, backward_end),
-                                  ("wait", "finish_gradient_synchronization", backward_end, sync_end)]
-    return events
+        if step >= warmup:  # the list itself: a late completion callback still lands in it
+            model.trace += [("forward", "", start, forward_end),
+                            ("backward", "", forward_end, backward_end),
+                            ("wait", "finish_gradient_synchronization", backward_end, sync_end)]
+            recorded.append(model.trace)
+    model.trace = None
+    dist.barrier()
+    lengths = torch.tensor([max(e for *_, e in ev) - min(s for _, _, s, _ in ev) for ev in recorded])
+    dist.all_reduce(lengths, op=dist.ReduceOp.MAX)  # a step lasts as long as its slowest rank
+    return recorded[int(lengths.argsort()[len(recorded) // 2])]
 
 
 def overlap_seconds(events: list[tuple]) -> float:
