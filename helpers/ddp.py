@@ -426,14 +426,15 @@ def plot_timeline(traces: dict[str, list[list[tuple]]], ax=None):
     colors = {"forward": "#9ecae1", "backward": "#3182bd", "all_reduce": "#e6550d"}
     starts = {v: min(s for ev in per_rank for _, _, s, _ in ev) for v, per_rank in traces.items()}
     for y, (v, r, events) in enumerate(rows):
-        t0 = starts[v]
-        for kind, _, s, e in events:
+        t0, n_reduce = starts[v], 0
+        for kind, _, s, e in sorted(events, key=lambda ev: ev[2]):
             x, w = 1e3 * (s - t0), 1e3 * (e - s)
             if kind in ("forward", "backward"):
                 ax.broken_barh([(x, w)], (y - 0.4, 0.4), color=colors[kind])
-            elif kind == "all_reduce":
-                ax.broken_barh([(x, w)], (y + 0.02, 0.36), facecolor=colors[kind], alpha=0.6,
-                               edgecolor="black", linewidth=0.5)
+            elif kind == "all_reduce":  # alternate two sub-lanes: several can be in flight
+                ax.broken_barh([(x, w)], (y + 0.02 + 0.19 * (n_reduce % 2), 0.17),
+                               facecolor=colors[kind], alpha=0.6, edgecolor="black", linewidth=0.5)
+                n_reduce += 1
             elif kind == "grad":
                 ax.plot([x, x], [y - 0.42, y + 0.02], color="black", linewidth=1)
     ax.set_yticks(range(len(rows)), [f"{v} rank {r}" for v, r, _ in rows])
