@@ -570,3 +570,56 @@ def compare(sharded: dict, reference: dict, **tolerances) -> dict[str, float]:
         torch.testing.assert_close(a, b, msg=lambda m, name=name: f"{name}: {m}", **tolerances)
         diffs[name] = (a - b).abs().max().item()
     return diffs
+
+
+# ----------------------------------------------------------------------------------------
+# The same layouts with PyTorch's own tensor parallelism (DTensor), for comparison.
+# ----------------------------------------------------------------------------------------
+
+def torch_tp_plan(layout: str, layers: int = 4) -> dict:
+    """parallelize_module plan for the reference Sequential (Linear at even indices)."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+    plan = {}
+    for i in range(layers):
+        name = str(2 * i)
+        if layout == "lecture":
+            plan[name] = ColwiseParallel(output_layouts=Replicate())
+        elif i % 2 == 0:
+            plan[name] = (ColwiseParallel(input_layouts=Shard(0)) if layout == "sequence"
+                          else ColwiseParallel())
+        else:
+            plan[name] = (RowwiseParallel(output_layouts=Shard(0)) if layout == "sequence"
+                          else RowwiseParallel())
+    return plan
+
+
+def torch_tp_step(rank: int, t: int, layout: str = "megatron", batch: int = 128,
+                  hidden: int = 1024, layers: int = 4, seed: int = 0) -> dict:
+    """train_step's twin built with torch.distributed.tensor.parallel.parallelize_module."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.debug import CommDebugMode
+    from torch.distributed.tensor.parallel import parallelize_module
+    device = _device()
+    model = reference_mlp(hidden, layers, seed).to(device)
+    mesh = init_device_mesh(device.type, (t,))
+    parallelize_module(model, mesh, torch_tp_plan(layout, layers))
+    x, target = (v.to(device) for v in reference_batch(batch, hidden))
+    if layout == "sequence":
+        x, target = _my_slice(x, 0), _my_slice(target, 0)
+    x.requires_grad_(True)
+    with CommDebugMode() as comm:
+        y = model(x)
+        loss = mse_sum(y, target, batch * hidden)
+        loss.backward()
+    counts = {str(op).split(".")[-1]: n for op, n in comm.get_comm_counts().items()}
+    grads = {f"{2 * i}.weight": _finished(model[2 * i].weight.grad.to_local())
+             for i in range(layers)}
+    return {"output": _finished(y.detach()), "loss": loss.detach(),
+            "input_grad": _finished(x.grad), "grads": grads, "collectives": counts}
+
+
+def _finished(tensor: torch.Tensor) -> torch.Tensor:
+    """DTensor hands back AsyncCollectiveTensors: wait for the collective before reading one
+    (copying its memory without waiting reads a buffer the collective has not filled yet)."""
+    return tensor.wait() if hasattr(tensor, "wait") else tensor
