@@ -461,15 +461,7 @@ def train_step(rank: int, t: int, layout: str = "megatron", batch: int = 128,
     The input requires a gradient too (as if the MLP sat inside a deeper network), so every
     conjugate collective runs and the input gradient can be checked.
     """
-    device = _device()
-    reference = reference_mlp(hidden, layers, seed)
-    if bias:
-        _add_biases(reference, seed)
-    model = shard_mlp(reference, layout).to(device)
-    x, target = (v.to(device) for v in reference_batch(batch, hidden))
-    if layout == "sequence":  # each rank starts (and ends) with its own tokens only
-        x, target = _my_slice(x, 0), _my_slice(target, 0)
-    x.requires_grad_(True)
+    model, x, target = _build(layout, batch, hidden, layers, seed, bias)
     with counting() as log, saved_activations(model) as saved:
         y = model(x)
     forward_log = list(log)
@@ -482,6 +474,65 @@ def train_step(rank: int, t: int, layout: str = "megatron", batch: int = 128,
         "comm": summarize(forward_log + log), "forward_calls": len(forward_log),
         "activation_bytes": sum(saved.values()),
     }
+
+
+def run_step(ranks, t: int, layout: str = "megatron", batch: int = 128, hidden: int = 1024,
+             layers: int = 4, bias: bool = False, implementation: str = "helpers") -> list[dict]:
+    """Check the configuration in the parent, then run one training step on t live ranks.
+
+    implementation: "helpers" (this module's layers) or "torch" (parallelize_module).
+    """
+    check_config(t, hidden, batch, layers, layout)
+    if implementation not in ("helpers", "torch"):
+        raise ValueError(f"implementation must be 'helpers' or 'torch', got {implementation!r}")
+    ranks.resize(t)
+    if implementation == "torch":
+        if bias:
+            raise ValueError("bias=True is only wired for implementation='helpers'")
+        return ranks.run(torch_tp_step, layout, batch, hidden, layers)
+    return ranks.run(train_step, layout, batch, hidden, layers, bias=bias)
+
+
+def run_lecture_forward(ranks, t: int = 4, batch: int = 128, hidden: int = 1024,
+                        layers: int = 4) -> list[dict]:
+    check_config(t, hidden, batch, layers, "lecture")
+    ranks.resize(t)
+    return ranks.run(lecture_forward, batch, hidden, layers)
+
+
+def _build(layout, batch, hidden, layers, seed, bias=False):
+    """This rank's model shard, input (requiring a gradient) and target."""
+    device = _device()
+    reference = reference_mlp(hidden, layers, seed)
+    if bias:
+        _add_biases(reference, seed)
+    model = shard_mlp(reference, layout).to(device)
+    x, target = (v.to(device) for v in reference_batch(batch, hidden))
+    if layout == "sequence":  # each rank starts (and ends) with its own tokens only
+        x, target = _my_slice(x, 0), _my_slice(target, 0)
+    return model, x.requires_grad_(True), target
+
+
+def timed_steps(rank: int, t: int, layout: str = "megatron", batch: int = 128,
+                hidden: int = 1024, layers: int = 4, repeat: int = 10, warmup: int = 2) -> dict:
+    """Time forward + backward steps (barrier before each clock read, so a step ends when
+    every rank is done); count the collectives and the seconds spent inside them."""
+    from helpers.timing import measure
+    model, x, target = _build(layout, batch, hidden, layers, seed=0)
+    sync = (lambda: (torch.cuda.synchronize(), dist.barrier())) if x.is_cuda else dist.barrier
+    logs = []
+
+    def step():
+        model.zero_grad(set_to_none=True)
+        x.grad = None
+        with counting() as log:
+            mse_sum(model(x), target, batch * hidden).backward()
+        logs.append(log)
+
+    m = measure(step, f"{layout} t={t} step", repeat=repeat, warmup=warmup, sync=sync)
+    timed = [summarize(log) for log in logs[warmup:]]
+    shares = sorted(s["seconds"] / dt for s, dt in zip(timed, m.times_s))
+    return {"measurement": m, "comm": timed[-1], "comm_share": shares[len(shares) // 2]}
 
 
 def _grads_by_reference_name(model: nn.Sequential) -> dict[str, torch.Tensor]:
@@ -623,3 +674,204 @@ def _finished(tensor: torch.Tensor) -> torch.Tensor:
     """DTensor hands back AsyncCollectiveTensors: wait for the collective before reading one
     (copying its memory without waiting reads a buffer the collective has not filled yet)."""
     return tensor.wait() if hasattr(tensor, "wait") else tensor
+
+
+# ----------------------------------------------------------------------------------------
+# Tables for the notebook: counted vs formula, per layout.
+# ----------------------------------------------------------------------------------------
+
+def layout_table(measured: dict[str, dict], t: int, tokens: int = 128, hidden: int = 1024,
+                 layers: int = 4, bytes_per_element: int = 4) -> str:
+    """One row per layout: collectives per layer, bytes per step and activations per rank,
+    each counted on rank 0 of a real step (`measured[layout]` = train_step's result) next to
+    its formula."""
+    kw = dict(tokens=tokens, hidden=hidden, layers=layers, bytes_per_element=bytes_per_element)
+    head = (f"{'layout':<9} {'collectives / layer (fwd + bwd)':<34} {'bytes / step / rank':>22} "
+            f"{'formula':>10} {'activations / rank':>19} {'formula':>10}")
+    lines = [head, "-" * len(head)]
+    for layout, result in measured.items():
+        per_layer = ", ".join(f"{fw / layers:g} + {bw / layers:g} {op.replace('_', '-')}"
+                              for op, (fw, bw) in formula_collectives(layout, layers).items())
+        lines.append(
+            f"{layout:<9} {per_layer:<34} {result['comm']['ring_bytes']:>22,} "
+            f"{formula_bytes(layout, t, **kw):>10,} {result['activation_bytes']:>19,} "
+            f"{formula_activation_bytes(layout, t, **kw):>10,}")
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------------------
+# When does TP pay? Compute time vs communication time per layer (the widget's model).
+# ----------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Link:
+    name: str
+    bandwidth_Bps: float   # per direction, per rank
+    latency_s: float       # α: one message
+
+
+@dataclass(frozen=True)
+class Machine:
+    """Compute rate and the links a ring of t ranks crosses: `links` is ((size, Link), …),
+    innermost first; a ring of t ranks runs at the speed of the first level holding t."""
+    name: str
+    flops: float
+    bytes_per_element: int
+    links: tuple
+
+
+def h100_links() -> tuple[Link, Link]:
+    """NVLink and InfiniBand per direction, from helpers.hardware.HIERARCHY (cited there)."""
+    levels = {lv.name.split(" (")[0]: lv for lv in _hierarchy()["H100 SXM"]}
+    nvlink, ib = levels["NVLink 4"], levels["InfiniBand NDR"]
+    return (Link("NVLink 4", nvlink.bandwidth_Bps, nvlink.latency_s),
+            Link("InfiniBand NDR", ib.bandwidth_Bps, ib.latency_s))
+
+
+def _hierarchy():
+    from helpers.hardware import HIERARCHY
+    return HIERARCHY
+
+
+def fit_path() -> Path:
+    """results/collective_fit.json at the repository root, written by notebook 02."""
+    return Path(__file__).resolve().parents[1] / "results" / "collective_fit.json"
+
+
+def load_fit(path: Path | str | None = None) -> dict | None:
+    """Notebook 02's α–β fit of this machine, or None if it has not been run here."""
+    path = Path(path) if path is not None else fit_path()
+    if not path.is_file():
+        return None
+    record = json.loads(path.read_text())
+    fit = record.get("fit", {}).get("all_reduce")
+    if not fit:
+        return None
+    return {"backend": record.get("backend"), "world_size": record.get("world_size"),
+            "cores_per_rank": record.get("cores_per_rank"),
+            "alpha_s": float(fit["alpha_s"]), "beta_s_per_byte": float(fit["beta_s_per_byte"])}
+
+
+def machines(fit: dict | None = None, cpu_flops: float | None = None) -> dict[str, Machine]:
+    """The widget's choices. H100 compute: dense bf16 peak (helpers.hardware.ROOFLINE_PEAKS).
+    'this machine' appears only with notebook 02's fit and a measured FLOP/s (fp32)."""
+    from helpers.hardware import H100_SXM, ROOFLINE_PEAKS
+    peak = ROOFLINE_PEAKS["H100 SXM"][0]
+    node = H100_SXM.network_levels[0].size  # 8 GPUs per node
+    nvlink, ib = h100_links()
+    out = {
+        f"H100: NVLink inside a node of {node}, InfiniBand beyond":
+            Machine("H100 cluster", peak, 2, ((node, nvlink), (None, ib))),
+        "H100: InfiniBand only (one GPU per node)": Machine("H100 + IB", peak, 2, ((None, ib),)),
+        "H100: NVLink at every size (hypothetical)": Machine("H100 + NVLink", peak, 2,
+                                                             ((None, nvlink),)),
+    }
+    if fit is not None and cpu_flops:
+        link = Link(f"{fit['backend']} (fitted, {fit['cores_per_rank']} core(s)/rank)",
+                    1 / fit["beta_s_per_byte"], fit["alpha_s"])
+        out["this machine: gloo fit from notebook 02"] = Machine("this machine", cpu_flops, 4,
+                                                                 ((None, link),))
+    return out
+
+
+def link_for(machine: Machine, t: int) -> Link:
+    for size, link in machine.links:
+        if size is None or t <= size:
+            return link
+    raise ValueError(f"no link level of {machine.name} holds t={t}")
+
+
+# Collectives per layer per training step (forward + backward), from formula_collectives.
+_PER_LAYER = {"lecture": {"all_gather": 1, "all_reduce": 1},
+              "megatron": {"all_reduce": 1},
+              "sequence": {"all_gather": 1, "reduce_scatter": 1}}
+_LATENCY_STEPS = {"all_reduce": 2, "all_gather": 1, "reduce_scatter": 1}  # × (t−1) α
+
+
+def layer_times(t: int, hidden: int, machine: Machine, tokens: int = 128,
+                layout: str = "megatron") -> dict:
+    """Seconds per layer per training step on one rank: compute (6·tokens·h²/t FLOP: forward 2,
+    backward 4) and communication (α–β ring model of that layout's collectives). Nothing is
+    overlapped: Megatron's all-reduces sit on the critical path."""
+    check_config(t, hidden, layout=layout, batch=t if layout == "sequence" else 1)
+    _check_int("tokens", tokens)
+    compute = 6 * tokens * hidden**2 / t / machine.flops
+    link = link_for(machine, t)
+    n = tokens * hidden * machine.bytes_per_element
+    comm = 0.0
+    for op, calls in _PER_LAYER[layout].items():
+        comm += calls * (_LATENCY_STEPS[op] * (t - 1) * link.latency_s
+                         + RING_FACTOR[op](t) * n / link.bandwidth_Bps)
+    return {"t": t, "compute_s": compute, "comm_s": comm, "step_s": compute + comm,
+            "link": link.name if t > 1 else "none"}
+
+
+def tp_curve(hidden: int, machine: Machine, tokens: int = 128, layout: str = "megatron",
+             ts: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)) -> list[dict]:
+    """layer_times for each t that divides hidden, with speedup over t = 1."""
+    rows = [layer_times(t, hidden, machine, tokens, layout) for t in ts if hidden % t == 0]
+    base = rows[0]["step_s"]
+    for row in rows:
+        row["speedup"] = base / row["step_s"]
+    return rows
+
+
+def best_t(rows: list[dict]) -> int:
+    """The t with the shortest step: beyond it, TP stops paying."""
+    return min(rows, key=lambda r: r["step_s"])["t"]
+
+
+def describe(t: int, hidden: int, machine: Machine, tokens: int = 128) -> str:
+    """The widget's text: this t's split, and where TP stops paying for this machine."""
+    from helpers.timing import format_seconds
+    rows = tp_curve(hidden, machine, tokens)
+    row = next((r for r in rows if r["t"] == t), None)
+    if row is None:
+        return f"t={t} does not divide h={hidden}: pick another t"
+    share = row["comm_s"] / row["step_s"]
+    best = best_t(rows)
+    if best == 1:
+        verdict = "TP never pays here: even at t=2 the all-reduce costs more than the compute it saves."
+    elif best == rows[-1]["t"]:
+        verdict = f"Still getting faster at t={best}, the largest t shown."
+    else:
+        verdict = (f"Fastest at t={best}; beyond it the all-reduce costs more than the compute "
+                   f"it saves (link there: {next(r for r in rows if r['t'] == best)['link']}).")
+    return (f"t={t}, h={hidden}, b·s={tokens}, link {row['link']}: compute "
+            f"{format_seconds(row['compute_s'])} + communication {format_seconds(row['comm_s'])} "
+            f"per layer ({share:.0%} communication), {row['speedup']:.2f}× the t=1 step.\n"
+            + verdict)
+
+
+def plot_curve(hidden: int, machine: Machine, tokens: int = 128, t: int | None = None, ax=None):
+    """Compute and communication time per layer against t (log-log), the chosen t marked."""
+    import matplotlib.pyplot as plt
+    rows = tp_curve(hidden, machine, tokens)
+    if ax is None:
+        _, ax = plt.subplots(figsize=(6.4, 3.6))
+    ts = [r["t"] for r in rows]
+    ax.plot(ts, [r["compute_s"] * 1e6 for r in rows], "o-", label="compute / rank")
+    ax.plot(ts[1:], [r["comm_s"] * 1e6 for r in rows[1:]], "s-", label="communication / rank")
+    ax.plot(ts, [r["step_s"] * 1e6 for r in rows], "k--", lw=1, label="step (no overlap)")
+    ax.axvline(best_t(rows), color="grey", lw=0.8, ls=":", label=f"fastest t = {best_t(rows)}")
+    if t is not None:
+        ax.axvline(t, color="C3", lw=1.5, alpha=0.5, label=f"t = {t}")
+    ax.set(xscale="log", yscale="log", xlabel="tensor degree t", ylabel="µs per layer per step",
+           title=f"{machine.name}: h = {hidden}, b·s = {tokens}")
+    ax.set_xticks(ts, [str(v) for v in ts])
+    ax.legend(fontsize=8)
+    return ax
+
+
+def measure_cpu_flops(hidden: int = 1024, tokens: int = 512, threads: int | None = None) -> float:
+    """fp32 matmul FLOP/s of this process (threads as notebook 02's ranks had), median of 5."""
+    from helpers.timing import measure
+    previous = torch.get_num_threads()
+    if threads:
+        torch.set_num_threads(threads)
+    try:
+        a, w = torch.randn(tokens, hidden), torch.randn(hidden, hidden)
+        m = measure(lambda: a @ w, "matmul", repeat=5, warmup=2)
+    finally:
+        torch.set_num_threads(previous)
+    return 2 * tokens * hidden**2 / m.median
