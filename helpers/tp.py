@@ -875,3 +875,35 @@ def measure_cpu_flops(hidden: int = 1024, tokens: int = 512, threads: int | None
     finally:
         torch.set_num_threads(previous)
     return 2 * tokens * hidden**2 / m.median
+
+
+T_OPTIONS = (1, 2, 4, 8, 16, 32, 64)
+HIDDEN_OPTIONS = tuple(2**k for k in range(8, 16))   # 256 … 32768
+TOKEN_OPTIONS = tuple(2**k for k in range(7, 17))    # 128 … 65536 (b·s)
+
+
+def show_choice(choices: dict[str, Machine], t: int, hidden: int, tokens: int, machine: str):
+    """The widget's callback: the curve and its sentence for one setting of the sliders."""
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(6.4, 3.6))
+    plot_curve(hidden, choices[machine], tokens, t, ax=ax)
+    plt.show()
+    text = describe(t, hidden, choices[machine], tokens)
+    print(text)
+    return text
+
+
+def widget(choices: dict[str, Machine], t: int = 4, hidden: int = 1024, tokens: int = 128):
+    """Sliders for t, h and b·s, and a link menu, over `show_choice`."""
+    import ipywidgets as w
+
+    def show(t, hidden, tokens, machine):
+        show_choice(choices, t, hidden, tokens, machine)
+
+    return w.interactive(
+        show,
+        t=w.SelectionSlider(options=T_OPTIONS, value=t, description="t"),
+        hidden=w.SelectionSlider(options=HIDDEN_OPTIONS, value=hidden, description="h"),
+        tokens=w.SelectionSlider(options=TOKEN_OPTIONS, value=tokens, description="b·s"),
+        machine=w.Dropdown(options=list(choices), description="link",
+                           layout=w.Layout(width="520px")))

@@ -180,9 +180,11 @@ def test_widget_model_at_slider_extremes(tmp_path, t, hidden, tokens):
         assert (row["comm_s"] == 0) == (t == 1) and row["comm_s"] >= 0
         text = tp.describe(t, hidden, machine, tokens)
         assert f"t={t}, h={hidden}" in text
-        ax = tp.plot_curve(hidden, machine, tokens, t)
-        assert len(ax.lines) >= 3
-        plt.close(ax.figure)
+        assert tp.show_choice(choices, t, hidden, tokens, name) == text
+        assert len(plt.gcf().axes[0].lines) >= 4  # compute, communication, step, best t
+        plt.close("all")
+    assert t in tp.T_OPTIONS and hidden in tp.HIDDEN_OPTIONS and tokens in tp.TOKEN_OPTIONS
+    assert tp.widget(choices, t, hidden, tokens).children  # the sliders build at this setting
 
 
 def test_tp_stays_inside_a_node():
