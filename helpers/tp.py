@@ -553,9 +553,9 @@ def _add_biases(reference: nn.Sequential, seed: int) -> None:
             reference[i] = new
 
 
-def reference_step(layout: str = "megatron", batch: int = 128, hidden: int = 1024,
-                   layers: int = 4, seed: int = 0, bias: bool = False) -> dict:
-    """The same step on one process, unsharded: the ground truth."""
+def reference_step(batch: int = 128, hidden: int = 1024, layers: int = 4, seed: int = 0,
+                   bias: bool = False) -> dict:
+    """The same step on one process, unsharded: the ground truth for every layout."""
     reference = reference_mlp(hidden, layers, seed)
     if bias:
         _add_biases(reference, seed)
@@ -686,16 +686,21 @@ def layout_table(measured: dict[str, dict], t: int, tokens: int = 128, hidden: i
     each counted on rank 0 of a real step (`measured[layout]` = train_step's result) next to
     its formula."""
     kw = dict(tokens=tokens, hidden=hidden, layers=layers, bytes_per_element=bytes_per_element)
-    head = (f"{'layout':<9} {'collectives / layer (fwd + bwd)':<34} {'bytes / step / rank':>22} "
+    short = {"all_reduce": "AR", "all_gather": "AG", "reduce_scatter": "RS"}
+    head = (f"{'layout':<9} {'collectives / layer':<40} {'bytes / step / rank':>20} "
             f"{'formula':>10} {'activations / rank':>19} {'formula':>10}")
     lines = [head, "-" * len(head)]
     for layout, result in measured.items():
-        per_layer = ", ".join(f"{fw / layers:g} + {bw / layers:g} {op.replace('_', '-')}"
-                              for op, (fw, bw) in formula_collectives(layout, layers).items())
+        calls = formula_collectives(layout, layers)
+        per_pass = [" + ".join(f"{c[i] / layers:g} {short[op]}" for op, c in calls.items() if c[i])
+                    for i in (0, 1)]
+        per_layer = f"fwd {per_pass[0]}, bwd {per_pass[1]}"
         lines.append(
-            f"{layout:<9} {per_layer:<34} {result['comm']['ring_bytes']:>22,} "
+            f"{layout:<9} {per_layer:<40} {result['comm']['ring_bytes']:>20,} "
             f"{formula_bytes(layout, t, **kw):>10,} {result['activation_bytes']:>19,} "
             f"{formula_activation_bytes(layout, t, **kw):>10,}")
+    lines.append("AR all-reduce, AG all-gather, RS reduce-scatter; bytes sent per rank (ring), "
+                 "counted on rank 0 next to the formula")
     return "\n".join(lines)
 
 
@@ -853,6 +858,9 @@ def plot_curve(hidden: int, machine: Machine, tokens: int = 128, t: int | None =
     ax.plot(ts, [r["compute_s"] * 1e6 for r in rows], "o-", label="compute / rank")
     ax.plot(ts[1:], [r["comm_s"] * 1e6 for r in rows[1:]], "s-", label="communication / rank")
     ax.plot(ts, [r["step_s"] * 1e6 for r in rows], "k--", lw=1, label="step (no overlap)")
+    node = machine.links[0][0]
+    if node is not None:  # shade the t that fit on the innermost (fastest) link
+        ax.axvspan(1, node, color="C2", alpha=0.08, label=f"{machine.links[0][1].name}, t ≤ {node}")
     ax.axvline(best_t(rows), color="grey", lw=0.8, ls=":", label=f"fastest t = {best_t(rows)}")
     if t is not None:
         ax.axvline(t, color="C3", lw=1.5, alpha=0.5, label=f"t = {t}")
