@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -451,7 +452,8 @@ def lecture_forward(rank: int, t: int, batch: int = 128, hidden: int = 1024, lay
             dist.all_gather(activations, x)                     # counted as one all-gather
             _record("all_gather", "forward", torch.cat(activations, dim=0), start)
             x = torch.cat(activations, dim=1)                   # batch × h
-    return {"output": x, "comm": summarize(log), "local_shape": (batch, local)}
+    return {"output": x, "comm": summarize(log), "local_shape": (batch, local),
+            "weight_shape": tuple(params[0].shape)}
 
 
 def train_step(rank: int, t: int, layout: str = "megatron", batch: int = 128,
@@ -514,9 +516,21 @@ def _build(layout, batch, hidden, layers, seed, bias=False):
 
 
 def timed_steps(rank: int, t: int, layout: str = "megatron", batch: int = 128,
-                hidden: int = 1024, layers: int = 4, repeat: int = 10, warmup: int = 2) -> dict:
+                hidden: int = 1024, layers: int = 4, repeat: int = 10, warmup: int = 2,
+                threads: int | None = None) -> dict:
     """Time forward + backward steps (barrier before each clock read, so a step ends when
-    every rank is done); count the collectives and the seconds spent inside them."""
+    every rank is done); count the collectives and the seconds spent inside them.
+    `threads` overrides this rank's intra-op threads for the timing (restored afterwards)."""
+    previous = torch.get_num_threads()
+    if threads:
+        torch.set_num_threads(threads)
+    try:
+        return _timed_steps(t, layout, batch, hidden, layers, repeat, warmup)
+    finally:
+        torch.set_num_threads(previous)
+
+
+def _timed_steps(t, layout, batch, hidden, layers, repeat, warmup) -> dict:
     from helpers.timing import measure
     model, x, target = _build(layout, batch, hidden, layers, seed=0)
     sync = (lambda: (torch.cuda.synchronize(), dist.barrier())) if x.is_cuda else dist.barrier
@@ -531,8 +545,9 @@ def timed_steps(rank: int, t: int, layout: str = "megatron", batch: int = 128,
 
     m = measure(step, f"{layout} t={t} step", repeat=repeat, warmup=warmup, sync=sync)
     timed = [summarize(log) for log in logs[warmup:]]
-    shares = sorted(s["seconds"] / dt for s, dt in zip(timed, m.times_s))
-    return {"measurement": m, "comm": timed[-1], "comm_share": shares[len(shares) // 2]}
+    shares = [s["seconds"] / dt for s, dt in zip(timed, m.times_s)]
+    return {"measurement": m, "comm": timed[-1], "comm_shares": shares,
+            "comm_share": statistics.median(shares)}
 
 
 def _grads_by_reference_name(model: nn.Sequential) -> dict[str, torch.Tensor]:
@@ -844,7 +859,7 @@ def describe(t: int, hidden: int, machine: Machine, tokens: int = 128) -> str:
                    f"it saves (link there: {next(r for r in rows if r['t'] == best)['link']}).")
     return (f"t={t}, h={hidden}, b·s={tokens}, link {row['link']}: compute "
             f"{format_seconds(row['compute_s'])} + communication {format_seconds(row['comm_s'])} "
-            f"per layer ({share:.0%} communication), {row['speedup']:.2f}× the t=1 step.\n"
+            f"per layer ({share:.0%} communication); speedup over t=1: {row['speedup']:.2f}×.\n"
             + verdict)
 
 
@@ -915,3 +930,11 @@ def widget(choices: dict[str, Machine], t: int = 4, hidden: int = 1024, tokens: 
         tokens=w.SelectionSlider(options=TOKEN_OPTIONS, value=tokens, description="b·s"),
         machine=w.Dropdown(options=list(choices), description="link",
                            layout=w.Layout(width="520px")))
+
+
+def collectives_along(rank: int, t: int, dim: int, shape: tuple = (2, 8, 3)) -> dict:
+    """reduce_scatter then all_gather of a known tensor along any dim (gloo scatters dim 0 only:
+    the wrappers move `dim` to the front). Input on rank r: arange + r."""
+    x = torch.arange(math.prod(shape), dtype=torch.float32).reshape(shape) + rank
+    scattered = reduce_scatter(x, dim)
+    return {"scattered": scattered, "gathered": all_gather(scattered, dim)}
