@@ -395,7 +395,7 @@ def formula_activation_bytes(layout: str, t: int, tokens: int = 128, hidden: int
                              layers: int = 4, bytes_per_element: int = 4) -> int:
     """Activations one rank keeps for the backward pass (weights excluded).
 
-    Per layer (n = tokens·h elements):
+    Per layer (n = tokens·h·bytes, one full activation):
       lecture : the full input (n) and its own pre-GELU slice (n/t)            → n + n/t
       megatron: per pair, full input n, two slices n/t, full pre-GELU sum n    → (2n + 2n/t)/2
       sequence: per pair, gathered input n, two slices n/t, pre-GELU shard n/t → (n + 3n/t)/2
@@ -473,8 +473,7 @@ def train_step(rank: int, t: int, layout: str = "megatron", batch: int = 128,
     return {
         "output": y.detach(), "loss": loss.detach(), "input_grad": x.grad,
         "grads": _grads_by_reference_name(model),
-        "comm": summarize(forward_log + log), "forward_calls": len(forward_log),
-        "activation_bytes": sum(saved.values()),
+        "comm": summarize(forward_log + log), "activation_bytes": sum(saved.values()),
     }
 
 
@@ -596,10 +595,10 @@ def assemble(results: list[dict], layout: str) -> dict:
     grads = {}
     for name, grad in first["grads"].items():
         layer, kind = name.split(".")
-        if kind == "weight":
-            dim = 0 if "column" in _kind_of(layout, int(layer)) else 1
-            grads[name] = torch.cat([r["grads"][name] for r in results], dim=dim)
-        elif "column" in _kind_of(layout, int(layer)):
+        column = _kind_of(layout, int(layer)) == "column"
+        if kind == "weight":  # column: rows of the weight; row: its columns
+            grads[name] = torch.cat([r["grads"][name] for r in results], dim=0 if column else 1)
+        elif column:
             grads[name] = torch.cat([r["grads"][name] for r in results])
         else:
             grads[name] = grad  # a row-parallel bias is replicated
@@ -607,22 +606,20 @@ def assemble(results: list[dict], layout: str) -> dict:
 
 
 def _kind_of(layout: str, module_index: int) -> str:
+    """'column' or 'row' for the Linear at this index of the reference Sequential."""
     if layout == "lecture":
         return "column"
     return "column" if (module_index // 2) % 2 == 0 else "row"
 
 
 def replicas_agree(results: list[dict], layout: str) -> bool:
-    """Replicated tensors (outputs in lecture/megatron, row biases) must match on every rank."""
-    if layout == "sequence":
-        keys = []
-    else:
-        keys = ["output", "input_grad"]
-    for r in results[1:]:
-        for key in keys:
-            if not torch.equal(r[key], results[0][key]):
-                return False
-    return True
+    """Whatever is replicated must be identical on every rank, bit for bit: the output and input
+    gradient (lecture, megatron) and the gradient of a row-parallel bias (all layouts)."""
+    keys = [] if layout == "sequence" else ["output", "input_grad"]
+    replicated = [name for name in results[0]["grads"]
+                  if name.endswith("bias") and _kind_of(layout, int(name.split(".")[0])) == "row"]
+    return all(torch.equal(r[key], results[0][key]) for r in results[1:] for key in keys) and all(
+        torch.equal(r["grads"][n], results[0]["grads"][n]) for r in results[1:] for n in replicated)
 
 
 def compare(sharded: dict, reference: dict, **tolerances) -> dict[str, float]:

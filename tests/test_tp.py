@@ -70,6 +70,7 @@ def test_unsharded_activations_match_formula_at_t1(reference):
 def test_biases_column_and_row_match_nn_linear(ranks, layout):
     # Row-parallel bias is added once after the sum; sequence-parallel needs f on it.
     results = tp.run_step(ranks, 4, layout, bias=True)
+    assert tp.replicas_agree(results, layout)
     tp.compare(tp.assemble(results, layout), tp.reference_step(bias=True))
 
 
