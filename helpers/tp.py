@@ -935,3 +935,56 @@ def collectives_along(rank: int, t: int, dim: int, shape: tuple = (2, 8, 3)) -> 
     x = torch.arange(math.prod(shape), dtype=torch.float32).reshape(shape) + rank
     scattered = reduce_scatter(x, dim)
     return {"scattered": scattered, "gathered": all_gather(scattered, dim)}
+
+
+def layout_schedule(layout: str, layers: int = 4) -> list[tuple]:
+    """The route of one step through the sharded MLP: a list of items, each either
+    ("layer", i, "column"|"row"), ("comm", forward op, backward op, operator name) or
+    ("state", activation)
+    — what each rank holds there: b×h, b×h/t (its features), b/t×h (its tokens) or a partial
+    sum of b×h that the next collective completes."""
+    items: list[tuple] = [("state", "b/t×h" if layout == "sequence" else "b×h")]
+    for i in range(layers):
+        kind = "column" if layout == "lecture" or i % 2 == 0 else "row"
+        if kind == "column":
+            items.append(("comm", "AG", "RS", "") if layout == "sequence" else ("comm", "", "AR", "f"))
+            items += [("state", "b×h")] if layout == "sequence" else []
+        items += [("layer", i, kind), ("state", "b×h/t" if kind == "column" else "partial b×h")]
+        if layout == "lecture":
+            items += [("comm", "AG", "", ""), ("state", "b×h")]
+        elif kind == "row":
+            items += [("comm", "AR", "", "g") if layout == "megatron" else ("comm", "RS", "AG", ""),
+                      ("state", "b×h" if layout == "megatron" else "b/t×h")]
+    return items
+
+
+def plot_layouts(layers: int = 4):
+    """One strip per layout: the layers, what each rank holds between them, and the collectives
+    on the way forward (above) and backward (below)."""
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(len(LAYOUTS), 1, figsize=(12, 1.25 * len(LAYOUTS) + 0.4))
+    for ax, layout in zip(axes, LAYOUTS):
+        x = 0.0
+        for item in layout_schedule(layout, layers):
+            if item[0] == "layer":
+                color = "C0" if item[2] == "column" else "C1"
+                ax.add_patch(plt.Rectangle((x, -0.35), 1.1, 0.7, color=color, alpha=0.25))
+                ax.text(x + 0.55, 0, f"{item[2]}\nW{item[1]}", ha="center", va="center", fontsize=8)
+                x += 1.3
+            elif item[0] == "comm":
+                ax.axvline(x + 0.15, color="0.4", lw=0.8, ls="--", ymin=0.1, ymax=0.9)
+                ax.text(x + 0.15, 0.62, item[1], ha="center", color="C2", fontsize=9, weight="bold")
+                ax.text(x + 0.15, -0.72, item[2], ha="center", color="C3", fontsize=9, weight="bold")
+                ax.text(x + 0.22, 0.3, item[3], ha="left", color="0.3", fontsize=9, style="italic")
+                x += 0.3
+            else:
+                ax.text(x + 0.45, 0, item[1], ha="center", va="center", fontsize=8, color="0.25")
+                x += 0.9
+        ax.set(xlim=(-0.1, x), ylim=(-0.9, 0.9), yticks=[], xticks=[])
+        ax.set_ylabel(layout, rotation=0, ha="right", va="center")
+        for side in ("top", "right", "bottom", "left"):
+            ax.spines[side].set_visible(False)
+    axes[0].set_title("forward collectives above (green), backward below (red); "
+                      "AG all-gather, RS reduce-scatter, AR all-reduce", fontsize=9)
+    fig.tight_layout()
+    return fig

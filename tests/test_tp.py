@@ -229,3 +229,21 @@ def test_reduce_scatter_and_all_gather_along_any_dim(ranks, dim):
     for rank, result in enumerate(results):
         torch.testing.assert_close(result["scattered"], total.chunk(2, dim=dim)[rank], rtol=0, atol=0)
         torch.testing.assert_close(result["gathered"], total, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("layout", tp.LAYOUTS)
+def test_layout_figure_shows_the_counted_collectives(layout):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    names = {"AR": "all_reduce", "AG": "all_gather", "RS": "reduce_scatter"}
+    drawn = {}
+    for item in tp.layout_schedule(layout, L):
+        if item[0] == "comm":
+            for direction, op in enumerate(item[1:3]):
+                if op:
+                    drawn.setdefault(names[op], [0, 0])[direction] += 1
+    assert {op: tuple(c) for op, c in drawn.items()} == tp.formula_collectives(layout, L)
+    fig = tp.plot_layouts(L)
+    assert len(fig.axes) == len(tp.LAYOUTS)
+    plt.close(fig)
