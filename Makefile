@@ -23,7 +23,7 @@ lab: $(STAMP)
 # notebook top to bottom under nbval, comparing the cells marked NBVAL_CHECK_OUTPUT.
 test: $(STAMP)
 	$(PY) -m pytest tests -q
-	$(PY) -m pytest --nbval-lax --sanitize-with tests/sanitize.cfg notebooks -q
+	$(PY) -m pytest --nbval-lax --nbval-sanitize-with tests/sanitize.cfg notebooks -q
 
 unit: $(STAMP)
 	$(PY) -m pytest tests -q

@@ -13,8 +13,8 @@ The wrappers below do that averaging four ways, from the lecture's loop to what
                  backward produces them) into buckets of at most `bucket_size_mb`.
 
 All four share one mechanism: a *bucket* is a flat buffer holding some gradients plus one
-"had a gradient" flag per parameter. Gloo has no `ReduceOp.AVG`, so buckets are summed and
-divided by the world size. The flags make two awkward cases work: a parameter with no gradient
+"had a gradient" flag per parameter. Buckets are summed (the flags must be counted, and gloo
+had no `ReduceOp.AVG` before 2025) and divided by the world size. The flags make two awkward cases work: a parameter with no gradient
 on a rank contributes zeros (so every rank still joins every collective and nothing hangs),
 and a parameter with no gradient on *any* rank keeps `grad = None`, as in plain training.
 Buckets are always launched in the same order on every rank (a bucket waits for the ones
@@ -86,7 +86,7 @@ class _Bucket:
                 p.grad = None
             elif p.grad is None:    # other ranks did: take the average
                 p.grad = total / world_size
-            else:                   # SUM then divide (gloo has no AVG), straight into .grad
+            else:                   # the SUM divided by d, straight into .grad
                 torch.div(total, world_size, out=p.grad)
             offset += p.numel()
 
