@@ -1,6 +1,11 @@
-"""Parallelism Lab helpers: the code the notebooks import.
+"""Parallelism Lab helpers: the code the notebooks import, one idea per module.
 
-One module per idea: `ranks` starts and keeps processes, `collectives` shows what each
-collective does, `hardware` describes GPUs, and the later modules (bench, ddp, zero, tp,
-pp, simulator) follow the notebooks in order.
+00  hardware (GPU records, shared with the simulator), hierarchy, roofline
+01  ranks (start and keep real ranks), collectives
+02  bench (timing collectives), alpha_beta (the latency-bandwidth model)
+03  mlp (the lecture's model), ddp (data-parallel wrappers), zero (ZeRO-1 optimizer)
+04  tp (tensor parallelism)
+05  pp (running pipelines), pp_schedules (schedules, no processes), gantt (the chart)
+06  simulator (the training-cost model)
+Every notebook measures with `timing`; `run` starts the same rank functions under torchrun.
 """
