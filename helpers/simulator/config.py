@@ -121,7 +121,10 @@ def gpu_from_json(data: dict) -> GPU:
                 or not set(lv) <= {"bandwidth_Bps", "latency_s", "size"}:
             raise ValueError(f"network_levels[{k}] must be an object with bandwidth_Bps, "
                              f"latency_s and (except the last) size (got {lv!r})")
-        built.append(NetworkLevel(lv["bandwidth_Bps"], lv["latency_s"], lv.get("size")))
+        bw = lv["bandwidth_Bps"]
+        if bw in ("Infinity", "inf"):  # how the simulator's own JSON output writes ∞
+            bw = math.inf
+        built.append(NetworkLevel(bw, lv["latency_s"], lv.get("size")))
     kwargs = {n: data[n] for n in names}
     kwargs["flop_per_clock_per_thread"] = fpct
     kwargs["network_levels"] = tuple(built)

@@ -6,10 +6,12 @@ activations stream past each tile once per tile row/column, which is where the I
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 
 from helpers.hardware import GPU
 
 
+@lru_cache(maxsize=None)  # tiles depend on the weight shape only, not on the batch
 def tile(m: int, n: int, cap: float, bytes_per_word: float) -> tuple[float, float]:
     """How many tile rows and columns an `m × n` matrix needs so each tile fits `cap` bytes."""
     words = m * n

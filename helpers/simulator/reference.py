@@ -65,21 +65,28 @@ def step_time(gpu: GPU, model: Model, settings: Settings, levels, place, m, v, z
 def combine(matmul, tp_bw, tp_lat, ppep_bw, ppep_lat, dp_bw, dp_lat, PP, m, v, zb,
             settings: Settings) -> StepTime:
     """Overlap, bubble and latency rules that turn the parts into one step (spec §5)."""
+    step, bubble = step_seconds(matmul, tp_bw, tp_lat, ppep_bw, ppep_lat, dp_bw, dp_lat,
+                                PP, m, v, zb, settings.overlap_tp, settings.overlap_pp,
+                                settings.overlap_dp)
+    return StepTime(matmul, tp_bw, tp_lat, ppep_bw, ppep_lat, dp_bw, dp_lat, bubble, step)
+
+
+def step_seconds(matmul, tp_bw, tp_lat, ppep_bw, ppep_lat, dp_bw, dp_lat, PP, m, v, zb,
+                 overlap_tp, overlap_pp, overlap_dp) -> tuple[float, float]:
+    """(step, bubble fraction): the arithmetic of `combine`, without building a record."""
     if zb:
         bubble = 0.0
     else:
         z = (v - 1) * max(0, PP - m)
         bubble = (z + PP - 1) / (z + PP - 1 + v * m)
-    hidden = (tp_bw if settings.overlap_tp else 0.0) + (ppep_bw if settings.overlap_pp else 0.0)
-    exposed = (0.0 if settings.overlap_tp else tp_bw) + (0.0 if settings.overlap_pp else ppep_bw)
+    hidden = (tp_bw if overlap_tp else 0.0) + (ppep_bw if overlap_pp else 0.0)
+    exposed = (0.0 if overlap_tp else tp_bw) + (0.0 if overlap_pp else ppep_bw)
     pipe = (max(matmul, hidden) + exposed) / (1 - bubble)
     if not zb:  # zero-bubble schedules hide TP and PP latency in their slack
         pipe += tp_lat + ppep_lat
-    if settings.overlap_dp:
-        step = max(pipe, dp_bw) + dp_lat
-    else:
-        step = pipe + dp_bw + dp_lat
-    return StepTime(matmul, tp_bw, tp_lat, ppep_bw, ppep_lat, dp_bw, dp_lat, bubble, step)
+    if overlap_dp:
+        return max(pipe, dp_bw) + dp_lat, bubble
+    return pipe + dp_bw + dp_lat, bubble
 
 
 def memory_ok(gpu: GPU, model: Model, N: int, DP: int) -> bool:
