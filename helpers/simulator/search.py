@@ -1,18 +1,21 @@
 """The search of spec §6, fast: same candidates, same arithmetic, far fewer evaluations.
 
-Three things make it fast while keeping every result bit-identical to `reference`:
+Four things make it fast while keeping every result bit-identical to `reference`:
 
 * caching — matmul times, divisors, placements and each parallelism type's communication
   are pure functions of small hashable arguments, so each is computed once;
-* ordering — every candidate layout first gets the spec's optimistic time (one network
-  level with all the bandwidth and the smallest latency, a lower bound on its real time);
-  candidates are then tried cheapest-bound first and the search stops at the first bound
-  that exceeds the best real time, since nothing after it can win;
+* best-first order — a candidate layout is queued under its matmul time (a lower bound on
+  its step), then under a tighter bound (each part of the communication at its own best
+  split over the levels), and only then placed on the real levels; the search stops when
+  the smallest bound left exceeds the best real step, since nothing queued can beat it;
+* vectors — all placements of one layout are timed at once with numpy, using the same
+  IEEE operations in the same order as the scalar `reference.step_seconds`;
 * a deadline — when sizing a cluster, a layout whose bound already misses the run's
-  duration cannot make the cluster feasible, so it is never placed on the levels.
+  duration cannot make the cluster feasible, so it is never placed.
 
-Ties are settled as in the reference: the earliest candidate in the spec's enumeration
-order wins among equal (step, exposed) times, so the order of evaluation does not matter.
+Ties are settled as in the reference: among equal (step, exposed) times the earliest
+candidate in the spec's enumeration order wins, and within it the earliest placement, so
+the order of evaluation does not change the answer.
 """
 from __future__ import annotations
 
@@ -20,12 +23,16 @@ import heapq
 import math
 from functools import lru_cache
 
+import numpy as np
+
 from helpers.hardware import GPU
 
-from .comm import dp_comm, ppep_comm, tp_comm
+from .comm import allreduce, dp_comm, outer, ppep_comm
 from .matmul import matmul_time, tile
-from .plan import Plan, StepTime
+from .placement import factorization_table, placement_table
+from .plan import Plan
 from .reference import combine, level_capacities, schedule_options, step_seconds
+from .reference import divisors as _slow_divisors
 from .scaling import Model
 from .settings import Settings
 
@@ -53,34 +60,10 @@ def _matmul(gk: int, d1: int, d2: int, b: int, weight_grad: bool) -> float:
 def _six_matmuls(gk: int, fp: int, dp_: int, b: int) -> float:
     """The six matmuls of one layer and microbatch, summed in the reference's order."""
     a, c = _matmul(gk, fp, dp_, b, False), _matmul(gk, dp_, fp, b, False)
-    return (a + c + _matmul(gk, fp, dp_, b, True) + c + a + _matmul(gk, dp_, fp, b, True))
+    return a + c + _matmul(gk, fp, dp_, b, True) + c + a + _matmul(gk, dp_, fp, b, True)
 
 
-@lru_cache(maxsize=None)
-def divisors(n: int) -> tuple[int, ...]:
-    from .reference import divisors as slow
-    return tuple(slow(n))
-
-
-@lru_cache(maxsize=None)
-def _level_splits(cap: int, limits: tuple[int, ...]) -> tuple[tuple[int, ...], ...]:
-    """Ordered factorizations of `cap` whose t-th factor divides `limits[t]`, in the order of
-    the unconstrained enumeration (first factor ascending) with the misfits left out."""
-    if len(limits) == 1:
-        return ((cap,),) if limits[0] % cap == 0 else ()
-    return tuple((a,) + rest for a in divisors(math.gcd(cap, limits[0]))
-                 for rest in _level_splits(cap // a, limits[1:]))
-
-
-@lru_cache(maxsize=None)
-def _placements(caps: tuple[int, ...], degrees: tuple[int, ...]) -> tuple:
-    """Every split of the degrees over the levels as `place[type][level]`, reference order."""
-    partial = [((), degrees)]  # (factors on the levels so far, what each type has left)
-    for cap in caps:
-        partial = [(done + (fac,), tuple(r // x for r, x in zip(left, fac)))
-                   for done, left in partial for fac in _level_splits(cap, left)]
-    return tuple(tuple(tuple(lv[t] for lv in done + (left,)) for t in range(5))
-                 for done, left in partial)
+divisors = lru_cache(maxsize=None)(lambda n: tuple(_slow_divisors(n)))
 
 
 class _Level(tuple):
@@ -96,24 +79,7 @@ def _plain_levels(levels) -> tuple[_Level, ...]:
 
 
 _dp = lru_cache(maxsize=None)(dp_comm)
-_tp = lru_cache(maxsize=None)(tp_comm)
 _ppep = lru_cache(maxsize=None)(ppep_comm)
-
-
-def clear_caches() -> None:
-    """Forget every cached result (for honest cold-start benchmarks)."""
-    for fn in (tile, _matmul, _six_matmuls, divisors, _microbatches, _level_splits, _placements,
-               _dp, _tp, _ppep, _splits, _dp_floor, _tp_floor, _ppep_floor):
-        fn.cache_clear()
-    _GPUS.clear()
-    _GPU_IDS.clear()
-
-
-def _comm(model: Model, levels, place, v, N, by):
-    DP, TPm, TPf, PP, EP = place
-    return (_tp(model.d, model.f, model.L, model.B, TPm, TPf, levels, N, by)
-            + _ppep(model.d, model.L, model.B, v, PP, EP, levels, N, by)
-            + _dp(model.P, DP, levels, N, by))
 
 
 @lru_cache(maxsize=None)
@@ -123,9 +89,73 @@ def _microbatches(per_gpu: int, PP: int, zb: bool) -> tuple[int, ...]:
     return tuple(x for x in divisors(per_gpu) if x >= lo)[:1 if zb else 4] if per_gpu else ()
 
 
+@lru_cache(maxsize=None)
+def _splits(caps: tuple[int, ...], degree: int) -> tuple[tuple[int, ...], ...]:
+    """Every way one type's degree can sit on the levels, ignoring the other types."""
+    out = [()]
+    for cap in caps:
+        out = [t + (x,) for t in out for x in divisors(math.gcd(cap, degree // math.prod(t)))]
+    return tuple(t + (degree // math.prod(t),) for t in out)
+
+
+@lru_cache(maxsize=None)
+def _pair_splits(caps, a: int, b: int):
+    return tuple((x, y) for x in _splits(caps, a) for y in _splits(caps, b)
+            if all(cap % (i * j) == 0 for cap, i, j in zip(caps, x, y)))
+
+
+def _floor(results) -> tuple[float, float]:
+    return min(r[0] for r in results), min(r[1] for r in results)
+
+
+@lru_cache(maxsize=None)
+def _dp_floor(P, DP, levels, caps, N, by):
+    return _floor([_dp(P, x, levels, N, by) for x in _splits(caps, DP)])
+
+
+@lru_cache(maxsize=None)
+def _allreduce_levels(words, split, rs, rp, levels, N, by) -> tuple[tuple[float, ...], ...]:
+    """(bandwidth, latency) per level of one TP kind, as in `comm.tp_comm`'s loop."""
+    per = [allreduce(words, split[k], rs, rp * outer(split, k), lv, N, by)
+           for k, lv in enumerate(levels)]
+    return tuple(x[0] for x in per), tuple(x[1] for x in per)
+
+
+def _tp_pairs(d, f, L, B, pairs, levels, N, by) -> tuple[np.ndarray, np.ndarray]:
+    """`comm.tp_comm` for many (TP_model, TP_ff) splits at once, operation for operation."""
+    m = [_allreduce_levels(f, x, 2 * L, B, levels, N, by) for x, _ in pairs]
+    g = [_allreduce_levels(d, y, 2 * L, B, levels, N, by) for _, y in pairs]
+    bw = np.array([a[0] for a in m]) + np.array([b[0] for b in g])
+    lat1, lat2 = np.array([a[1] for a in m]), np.array([b[1] for b in g])
+    lat = np.zeros(len(pairs))
+    for k in range(len(levels)):
+        lat = lat + (lat1[:, k] + lat2[:, k])
+    return bw.max(axis=1), lat
+
+
+@lru_cache(maxsize=None)
+def _tp_floor(d, f, L, B, TPm, TPf, levels, caps, N, by):
+    bw, lat = _tp_pairs(d, f, L, B, _pair_splits(caps, TPm, TPf), levels, N, by)
+    return float(bw.min()), float(lat.min())
+
+
+@lru_cache(maxsize=None)
+def _ppep_floor(d, L, B, v, PP, EP, levels, caps, N, by):
+    return _floor([_ppep(d, L, B, v, x, y, levels, N, by) for x, y in _pair_splits(caps, PP, EP)])
+
+
+def clear_caches() -> None:
+    """Forget every cached result (for honest cold-start benchmarks)."""
+    for fn in (tile, _matmul, _six_matmuls, divisors, _microbatches, _splits, _pair_splits, _dp, _ppep, _allreduce_levels,
+               _dp_floor, _tp_floor, _ppep_floor, placement_table, factorization_table):
+        fn.cache_clear()
+    _GPUS.clear()
+    _GPU_IDS.clear()
+
+
 def _candidates(gpu: GPU, model: Model, settings: Settings, N: int):
     """The spec's layouts for N GPUs in its enumeration order, grouped by (degrees, v):
-    yields (degrees, v, zb, microbatch counts)."""
+    yields (degrees, v, zb, microbatch counts). Memory-infeasible layouts are left out."""
     d, f, L, s, B, P = model.d, model.f, model.L, model.s, model.B, model.P
     by = gpu.bytes_per_word
     EP = math.gcd(N, s)
@@ -146,51 +176,35 @@ def _candidates(gpu: GPU, model: Model, settings: Settings, N: int):
                     yield (DP, TPm, TPf, PP, EP), v, zb, _microbatches(per_gpu, PP, zb)
 
 
-def _placed(model: Model, levels, caps, deg, v, N, by):
-    """The placements of one layout worth trying, and the per-part minimum of their costs.
-
-    A placement whose six communication parts are all at least those of an earlier one can
-    never win (the step only grows with each part, and ties go to the earlier), so only the
-    others are kept, in order.
-    """
-    front = []
-    for p_idx, place in enumerate(_placements(caps, deg)):
-        comm = _comm(model, levels, place, v, N, by)
-        if not any(all(a <= b for a, b in zip(kept[2], comm)) for kept in front):
-            front.append((p_idx, place, comm))
-    return front
+def _placed_comm(model: Model, levels, caps, deg, v, N, by):
+    """Communication parts of every placement of one layout, as six arrays (or None)."""
+    table = placement_table(caps, deg)
+    if table is None:
+        return None
+    dp = np.array([_dp(model.P, x, levels, N, by) for x in table.dp])
+    tp = np.stack(_tp_pairs(model.d, model.f, model.L, model.B, table.tp, levels, N, by), 1)
+    pe = np.array([_ppep(model.d, model.L, model.B, v, x, y, levels, N, by)
+                   for x, y in table.ppep])
+    tp, pe, dp = tp[table.tp_index], pe[table.ppep_index], dp[table.dp_index]
+    return table, (tp[:, 0], tp[:, 1], pe[:, 0], pe[:, 1], dp[:, 0], dp[:, 1])
 
 
-@lru_cache(maxsize=None)
-def _splits(caps: tuple[int, ...], degree: int) -> tuple[tuple[int, ...], ...]:
-    """Every way one type's degree can sit on the levels, ignoring the other types."""
-    out = [()]
-    for cap in caps:
-        out = [t + (x,) for t in out for x in divisors(math.gcd(cap, degree // math.prod(t)))]
-    return tuple(t + (degree // math.prod(t),) for t in out)
-
-
-def _floor2(results):
-    return min(r[0] for r in results), min(r[1] for r in results)
-
-
-@lru_cache(maxsize=None)
-def _dp_floor(P, DP, levels, caps, N, by):
-    return _floor2([_dp(P, x, levels, N, by) for x in _splits(caps, DP)])
-
-
-@lru_cache(maxsize=None)
-def _tp_floor(d, f, L, B, TPm, TPf, levels, caps, N, by):
-    return _floor2([_tp(d, f, L, B, a, b, levels, N, by)
-                    for a in _splits(caps, TPm) for b in _splits(caps, TPf)
-                    if all(cap % (x * y) == 0 for cap, x, y in zip(caps, a, b))])
-
-
-@lru_cache(maxsize=None)
-def _ppep_floor(d, L, B, v, PP, EP, levels, caps, N, by):
-    return _floor2([_ppep(d, L, B, v, a, b, levels, N, by)
-                    for a in _splits(caps, PP) for b in _splits(caps, EP)
-                    if all(cap % (x * y) == 0 for cap, x, y in zip(caps, a, b))])
+def _steps(matmul, tp_bw, tp_lat, ppep_bw, ppep_lat, dp_bw, dp_lat, PP, m, v, zb,
+           overlap_tp, overlap_pp, overlap_dp) -> np.ndarray:
+    """`reference.step_seconds` over arrays of placements: the same operations in order."""
+    if zb:
+        bubble = 0.0
+    else:
+        z = (v - 1) * max(0, PP - m)
+        bubble = (z + PP - 1) / (z + PP - 1 + v * m)
+    hidden = (tp_bw if overlap_tp else 0.0) + (ppep_bw if overlap_pp else 0.0)
+    exposed = (0.0 if overlap_tp else tp_bw) + (0.0 if overlap_pp else ppep_bw)
+    pipe = (np.maximum(matmul, hidden) + exposed) / (1 - bubble)
+    if not zb:
+        pipe = pipe + (tp_lat + ppep_lat)
+    if overlap_dp:
+        return np.maximum(pipe, dp_bw) + dp_lat
+    return pipe + dp_bw + dp_lat
 
 
 def best_plan(gpu: GPU, model: Model, settings: Settings, N: int,
@@ -206,11 +220,6 @@ def best_plan(gpu: GPU, model: Model, settings: Settings, N: int,
     flags = (settings.overlap_tp, settings.overlap_pp, settings.overlap_dp)
     L, s, B, d, f = model.L, model.s, model.B, model.d, model.f
 
-    # Best-first: each candidate enters the queue keyed by its matmul time, a lower bound on
-    # any step it can reach; when popped it is re-queued under a tighter bound (each part of
-    # the communication at its own best split), and when popped again it is placed on the
-    # real levels. The search ends when the smallest bound left exceeds the best real step:
-    # nothing still queued can beat it.
     queue = []
     idx = 0
     for deg, v, zb, ms in _candidates(gpu, model, settings, N):
@@ -223,20 +232,18 @@ def best_plan(gpu: GPU, model: Model, settings: Settings, N: int,
             idx += 1
     heapq.heapify(queue)
 
-    groups: dict = {}
     floors: dict = {}
+    groups: dict = {}
     best_key = None
     best = None
     while queue:
         bound, stage, idx, deg, v, zb, m, matmul = heapq.heappop(queue)
         if bound > (max_step if best_key is None else best_key[0]):
             break
-        PP = deg[3]
+        DP, TPm, TPf, PP, EP = deg
         if stage == 0:
             floor = floors.get((deg, v))
             if floor is None:
-                # Each part of the communication at its own best split over the levels.
-                DP, TPm, TPf, PP, EP = deg
                 floor = floors[deg, v] = (
                     _tp_floor(d, f, L, B, TPm, TPf, levels, caps, N, by)
                     + _ppep_floor(d, L, B, v, PP, EP, levels, caps, N, by)
@@ -244,15 +251,23 @@ def best_plan(gpu: GPU, model: Model, settings: Settings, N: int,
             low, _ = step_seconds(matmul, *floor, PP, m, v, zb, *flags)
             heapq.heappush(queue, (low, 1, idx, deg, v, zb, m, matmul))
             continue
-        group = groups.get((deg, v))
+        if (deg, v) not in groups:
+            groups[deg, v] = _placed_comm(model, levels, caps, deg, v, N, by)
+        group = groups[deg, v]
         if group is None:
-            group = groups[deg, v] = _placed(model, levels, caps, deg, v, N, by)
-        for p_idx, place, comm in group:
-            step, _ = step_seconds(matmul, *comm, PP, m, v, zb, *flags)
-            key = (step, step - matmul, idx, p_idx)
-            if best_key is None or key < best_key:
-                best_key = key
-                best = (deg, m, v, zb, place, matmul, comm)
+            continue
+        table, comm = group
+        steps = _steps(matmul, *comm, PP, m, v, zb, *flags)
+        step = float(steps.min())
+        ties = np.flatnonzero(steps == step)
+        exposed = steps[ties] - matmul
+        low = float(exposed.min())
+        p_idx = int(ties[np.flatnonzero(exposed == low)[0]])
+        key = (step, low, idx, p_idx)
+        if best_key is None or key < best_key:
+            best_key = key
+            best = (deg, m, v, zb, table.place(p_idx), matmul,
+                    tuple(float(c[p_idx]) for c in comm))
     if best is None or best_key[0] > max_step:
         return None
     (DP, TPm, TPf, PP, EP), m, v, zb, place, matmul, comm = best
@@ -265,7 +280,7 @@ def size_cluster(gpu: GPU, model: Model, settings: Settings) -> Plan | None:
     T = settings.duration_s
     need = model.C / (T * gpu.sustained_flops)
     steps = model.D / model.B
-    # The largest step that still finishes in time: `steps · step < T`.
+    # The largest step that still finishes in time (`steps · step < T`), to the last bit.
     max_step = T / steps
     while steps * max_step >= T:
         max_step = math.nextafter(max_step, 0.0)
