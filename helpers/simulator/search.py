@@ -28,7 +28,7 @@ import numpy as np
 from helpers.hardware import GPU
 
 from .comm import allreduce, dp_comm, outer, ppep_comm
-from .matmul import matmul_time, tile
+from .matmul import matmul_flop, matmul_time, tile
 from .placement import factorization_table, placement_table
 from .plan import Plan
 from .reference import combine, level_capacities, schedule_options, step_seconds
@@ -220,15 +220,21 @@ def best_plan(gpu: GPU, model: Model, settings: Settings, N: int,
     flags = (settings.overlap_tp, settings.overlap_pp, settings.overlap_dp)
     L, s, B, d, f = model.L, model.s, model.B, model.d, model.f
 
+    # Stage 0 bound: the six matmuls can go no faster than their FLOP at the sustained rate
+    # plus their fixed latency (shaved by 1e-9 so float rounding can never lift it above
+    # the exact time).
+    flop_s = (1 - 1e-9) / gpu.sustained_flops
+    lat6 = (1 - 1e-9) * 6 * gpu.latency_per_matmul_s
     queue = []
     idx = 0
     for deg, v, zb, ms in _candidates(gpu, model, settings, N):
         DP, TPm, TPf, PP, EP = deg
+        per_stage = (L // PP) * (s // EP)
         for m in ms:
-            matmul = (L // PP) * (s // EP) * m * _six_matmuls(gk, f // TPf, d // TPm,
-                                                              B // (DP * m * s))
-            if matmul <= max_step:
-                queue.append((matmul, 0, idx, deg, v, zb, m, matmul))
+            b = B // (DP * m * s)
+            low = per_stage * m * (6 * matmul_flop(f // TPf, d // TPm, b) * flop_s + lat6)
+            if low <= max_step:
+                queue.append((low, 0, idx, deg, v, zb, m, None))
             idx += 1
     heapq.heapify(queue)
 
@@ -242,6 +248,11 @@ def best_plan(gpu: GPU, model: Model, settings: Settings, N: int,
             break
         DP, TPm, TPf, PP, EP = deg
         if stage == 0:
+            matmul = (L // PP) * (s // EP) * m * _six_matmuls(gk, f // TPf, d // TPm,
+                                                              B // (DP * m * s))
+            heapq.heappush(queue, (matmul, 1, idx, deg, v, zb, m, matmul))
+            continue
+        if stage == 1:
             floor = floors.get((deg, v))
             if floor is None:
                 floor = floors[deg, v] = (
@@ -249,7 +260,7 @@ def best_plan(gpu: GPU, model: Model, settings: Settings, N: int,
                     + _ppep_floor(d, L, B, v, PP, EP, levels, caps, N, by)
                     + _dp_floor(model.P, DP, levels, caps, N, by))
             low, _ = step_seconds(matmul, *floor, PP, m, v, zb, *flags)
-            heapq.heappush(queue, (low, 1, idx, deg, v, zb, m, matmul))
+            heapq.heappush(queue, (low, 2, idx, deg, v, zb, m, matmul))
             continue
         if (deg, v) not in groups:
             groups[deg, v] = _placed_comm(model, levels, caps, deg, v, N, by)
