@@ -89,6 +89,12 @@ def step_seconds(matmul, tp_bw, tp_lat, ppep_bw, ppep_lat, dp_bw, dp_lat, PP, m,
     return pipe + dp_bw + dp_lat, bubble
 
 
+def tie_key(t: StepTime) -> tuple[float, float, float]:
+    """What "faster" means in the search: step time; on an exact tie, less communication
+    (spec §6); if that ties too, less time outside the matmuls."""
+    return t.step, t.comm, t.exposed
+
+
 def memory_ok(gpu: GPU, model: Model, N: int, DP: int) -> bool:
     by = gpu.bytes_per_word
     return N * gpu.hbm_bytes >= model.P * by * DP + 4 * model.P * by
@@ -176,8 +182,7 @@ def best_plan(gpu: GPU, model: Model, settings: Settings, N: int) -> Plan | None
                             continue
                         for place in placements(levels, N, degrees):
                             t = step_time(gpu, model, settings, levels, place, m, v, zb, N)
-                            if best is None or t.step < best.time.step or (
-                                    t.step == best.time.step and t.exposed < best.time.exposed):
+                            if best is None or tie_key(t) < tie_key(best.time):
                                 best = Plan(N, DP, TPm, TPf, PP, EP, m, v, zb,
                                             tuple(zip(*place)), t)
     return best

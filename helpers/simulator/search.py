@@ -13,7 +13,7 @@ Four things make it fast while keeping every result bit-identical to `reference`
 * a deadline — when sizing a cluster, a layout whose bound already misses the run's
   duration cannot make the cluster feasible, so it is never placed.
 
-Ties are settled as in the reference: among equal (step, exposed) times the earliest
+Ties are settled as in the reference: among equal (step, comm, exposed) keys the earliest
 candidate in the spec's enumeration order wins, and within it the earliest placement, so
 the order of evaluation does not change the answer.
 """
@@ -269,12 +269,17 @@ def best_plan(gpu: GPU, model: Model, settings: Settings, N: int,
             continue
         table, comm = group
         steps = _steps(matmul, *comm, PP, m, v, zb, *flags)
+        # Lexicographic (step, comm, exposed), first placement on a full tie: `tie_key`.
         step = float(steps.min())
         ties = np.flatnonzero(steps == step)
+        tp_bw, tp_lat, ppep_bw, ppep_lat, dp_bw, dp_lat = (c[ties] for c in comm)
+        total = tp_bw + tp_lat + ppep_bw + ppep_lat + dp_bw + dp_lat
+        least = float(total.min())
+        ties = ties[total == least]
         exposed = steps[ties] - matmul
         low = float(exposed.min())
         p_idx = int(ties[np.flatnonzero(exposed == low)[0]])
-        key = (step, low, idx, p_idx)
+        key = (step, least, low, idx, p_idx)
         if best_key is None or key < best_key:
             best_key = key
             best = (deg, m, v, zb, table.place(p_idx), matmul,
