@@ -24,7 +24,7 @@ def _finite(x):
     return x
 
 
-def breakdown(point: Point) -> dict[str, float] | None:
+def breakdown(point: Point, settings) -> dict[str, float] | None:
     """Seconds of one step by cause; `bubble` is the pipeline time lost to idle stages."""
     if point.plan is None:
         return None
@@ -37,17 +37,19 @@ def breakdown(point: Point) -> dict[str, float] | None:
         "tp_latency": t.tp_lat,
         "pp_ep_latency": t.ppep_lat,
         "dp_latency": t.dp_lat,
-        "bubble": bubble_seconds(t),
+        "bubble": bubble_seconds(t, settings),
         "bubble_fraction": t.bubble,
         "step": t.step,
     }
 
 
-def bubble_seconds(t) -> float:
-    """Idle pipeline time: what dividing by (1 − bubble) added to the busiest part."""
+def bubble_seconds(t, settings) -> float:
+    """Idle pipeline time: what dividing by (1 − bubble) added to the pipeline's busy time."""
     if t.bubble == 0:
         return 0.0
-    return t.bubble / (1 - t.bubble) * max(t.matmul, t.tp_bw + t.ppep_bw)
+    hidden = (t.tp_bw if settings.overlap_tp else 0.0) + (t.ppep_bw if settings.overlap_pp else 0.0)
+    exposed = (0.0 if settings.overlap_tp else t.tp_bw) + (0.0 if settings.overlap_pp else t.ppep_bw)
+    return t.bubble / (1 - t.bubble) * (max(t.matmul, hidden) + exposed)
 
 
 def price_of(curve: Curve) -> float | None:
@@ -55,7 +57,7 @@ def price_of(curve: Curve) -> float | None:
     return p if p is not None else PRICES_USD.get(curve.gpu.name)
 
 
-def point_json(point: Point, price: float | None) -> dict:
+def point_json(point: Point, price: float | None, settings) -> dict:
     m = point.model
     out = {"compute_flop": float(m.C), "d_model": m.d, "d_ff": m.f, "layers": m.L,
            "sparsity": m.s, "batch_tokens": m.B, "feasible": point.feasible}
@@ -71,7 +73,7 @@ def point_json(point: Point, price: float | None) -> dict:
         "interleave": q.v, "microbatches": q.m, "zero_bubble": q.zero_bubble,
         "placement": q.degrees_on_levels(),
         "cost_usd": None if price is None else q.n_gpus * price,
-        "time_breakdown_s": breakdown(point),
+        "time_breakdown_s": breakdown(point, settings),
     })
     return out
 
@@ -90,7 +92,7 @@ def configuration_json(curve: Curve, name: str | None = None) -> dict:
         "hardware": gpu_to_json(curve.gpu),
         "settings": settings,
         **{k: None if p is None else float(p.model.C) for k, p in summary.items()},
-        "points": [point_json(p, price) for p in curve.points],
+        "points": [point_json(p, price, curve.settings) for p in curve.points],
     })
 
 

@@ -169,12 +169,12 @@ def summary_html(rows: list[dict]) -> str:
             "— where no price is set or no point qualifies.</p>")
 
 
-def breakdown_parts(point: Point) -> dict[str, float]:
+def breakdown_parts(point: Point, settings: Settings) -> dict[str, float]:
     """Seconds of one step by cause, as the model charges them (exposed latency only)."""
     t = point.plan.time
     lat = t.dp_lat + (0.0 if point.plan.zero_bubble else t.tp_lat + t.ppep_lat)
     return {"compute": t.matmul, "TP bandwidth": t.tp_bw, "PP/EP bandwidth": t.ppep_bw,
-            "DP bandwidth": t.dp_bw, "latency": lat, "bubble": bubble_seconds(t)}
+            "DP bandwidth": t.dp_bw, "latency": lat, "bubble": bubble_seconds(t, settings)}
 
 
 def breakdown_figure(point: Point, settings: Settings, title: str = "") -> Figure:
@@ -186,7 +186,7 @@ def breakdown_figure(point: Point, settings: Settings, title: str = "") -> Figur
                 transform=ax.transAxes)
         ax.set_axis_off()
         return fig
-    parts = breakdown_parts(point)
+    parts = breakdown_parts(point, settings)
     hidden = {"TP bandwidth": settings.overlap_tp, "PP/EP bandwidth": settings.overlap_pp,
               "DP bandwidth": settings.overlap_dp}
     names = list(parts)[::-1]
