@@ -73,9 +73,9 @@ def summary(name: str, curve) -> str:
     cost = "" if price is None or last is None else f", ${last.plan.n_gpus * price:.3g} of GPUs"
     return "\n".join([
         f"{name}: {len(curve.feasible)} feasible grid points",
-        f"  linear scaling ends:      {fmt(curve.linear_scaling_ends())}",
-        f"  max feasible at τ={curve.settings.threshold:g}: {fmt(curve.max_feasible_at_threshold())}",
-        f"  largest feasible run:     {fmt(last)}{cost}",
+        f"  linear scaling ends:     {fmt(curve.linear_scaling_ends())}",
+        f"  max feasible at τ = {curve.settings.threshold:<4g} {fmt(curve.max_feasible_at_threshold())}",
+        f"  largest feasible run:    {fmt(last)}{cost}",
     ])
 
 
