@@ -28,7 +28,7 @@ import numpy as np
 from helpers.hardware import GPU
 
 from .comm import allreduce, dp_comm, outer, ppep_comm
-from .matmul import matmul_flop, matmul_time, tile
+from .matmul import matmul_time, tile
 from .placement import factorization_table, placement_table
 from .plan import Plan
 from .reference import combine, level_capacities, schedule_options, step_seconds
@@ -230,9 +230,10 @@ def best_plan(gpu: GPU, model: Model, settings: Settings, N: int,
     for deg, v, zb, ms in _candidates(gpu, model, settings, N):
         DP, TPm, TPf, PP, EP = deg
         per_stage = (L // PP) * (s // EP)
+        # `matmul_flop` inlined (this loop sees every candidate): 2·8³ per padded 8³ block.
+        area = 6 * 1024 * (-(-(f // TPf) // 8)) * (-(-(d // TPm) // 8))
         for m in ms:
-            b = B // (DP * m * s)
-            low = per_stage * m * (6 * matmul_flop(f // TPf, d // TPm, b) * flop_s + lat6)
+            low = per_stage * m * (area * (-(-(B // (DP * m * s)) // 8)) * flop_s + lat6)
             if low <= max_step:
                 queue.append((low, 0, idx, deg, v, zb, m, None))
             idx += 1
@@ -248,18 +249,21 @@ def best_plan(gpu: GPU, model: Model, settings: Settings, N: int,
             break
         DP, TPm, TPf, PP, EP = deg
         if stage == 0:
-            matmul = (L // PP) * (s // EP) * m * _six_matmuls(gk, f // TPf, d // TPm,
-                                                              B // (DP * m * s))
-            heapq.heappush(queue, (matmul, 1, idx, deg, v, zb, m, matmul))
-            continue
-        if stage == 1:
+            # Add each part of the communication at its own best split over the levels.
             floor = floors.get((deg, v))
             if floor is None:
                 floor = floors[deg, v] = (
                     _tp_floor(d, f, L, B, TPm, TPf, levels, caps, N, by)
                     + _ppep_floor(d, L, B, v, PP, EP, levels, caps, N, by)
                     + _dp_floor(model.P, DP, levels, caps, N, by))
-            low, _ = step_seconds(matmul, *floor, PP, m, v, zb, *flags)
+            low, _ = step_seconds(bound, *floor, PP, m, v, zb, *flags)
+            heapq.heappush(queue, (low, 1, idx, deg, v, zb, m, None))
+            continue
+        if stage == 1:
+            # The exact matmul time in place of its FLOP bound.
+            matmul = (L // PP) * (s // EP) * m * _six_matmuls(gk, f // TPf, d // TPm,
+                                                              B // (DP * m * s))
+            low, _ = step_seconds(matmul, *floors[deg, v], PP, m, v, zb, *flags)
             heapq.heappush(queue, (low, 2, idx, deg, v, zb, m, matmul))
             continue
         if (deg, v) not in groups:
