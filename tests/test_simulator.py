@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers.hardware import GPU, GTX_580, H100_SUPERPOD, H100_SXM, NetworkLevel, PRESETS
+from helpers.hardware import GTX_580, H100_SUPERPOD, H100_SXM, NetworkLevel, PRESETS
 from helpers.simulator import reference, search
 from helpers.simulator.config import gpu_from_json, gpu_to_json, load_config, preset, validate
 from helpers.simulator.curve import run_curve

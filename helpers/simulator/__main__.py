@@ -74,7 +74,8 @@ def summary(name: str, curve) -> str:
     return "\n".join([
         f"{name}: {len(curve.feasible)} feasible grid points",
         f"  linear scaling ends:     {fmt(curve.linear_scaling_ends())}",
-        f"  max feasible at τ = {curve.settings.threshold:<4g} {fmt(curve.max_feasible_at_threshold())}",
+        f"  max feasible at τ = {curve.settings.threshold:<4g} "
+        f"{fmt(curve.max_feasible_at_threshold())}",
         f"  largest feasible run:    {fmt(last)}{cost}",
     ])
 

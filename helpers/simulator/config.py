@@ -34,7 +34,8 @@ def _check(cond: bool, field: str, allowed: str, value) -> None:
 
 
 def validate_gpu(gpu: GPU) -> GPU:
-    """Return `gpu` unchanged if the model can run on it; else raise a ValueError naming the field."""
+    """Return `gpu` unchanged if the model can run on it; else raise a ValueError naming
+    the field and the range it must be in."""
     _check(isinstance(gpu.name, str) and gpu.name != "", "name", "a non-empty string", gpu.name)
     _check(isinstance(gpu.bitwidth, int) and not isinstance(gpu.bitwidth, bool)
            and gpu.bitwidth > 0, "bitwidth", "a positive integer", gpu.bitwidth)
@@ -106,7 +107,8 @@ def gpu_from_json(data: dict) -> GPU:
         raise ValueError(f"{unknown[0]} is not a hardware field (fields: {', '.join(names)})")
     fpct = data["flop_per_clock_per_thread"]
     if not isinstance(fpct, dict):
-        raise ValueError(f"flop_per_clock_per_thread must be a map bitwidth → value (got {fpct!r})")
+        raise ValueError("flop_per_clock_per_thread must be a map bitwidth → value "
+                         f"(got {fpct!r})")
     try:
         fpct = {int(k): v for k, v in fpct.items()}
     except ValueError:

@@ -33,7 +33,8 @@ class Point:
         if self.plan is None:
             return 0.0
         m = self.model
-        return 6 * m.active_params * m.B / (self.peak_flops * self.plan.n_gpus) / self.plan.time.step
+        q = self.plan
+        return 6 * m.active_params * m.B / (self.peak_flops * q.n_gpus) / q.time.step
 
     @property
     def run_time_s(self) -> float | None:

@@ -47,8 +47,9 @@ def bubble_seconds(t, settings) -> float:
     """Idle pipeline time: what dividing by (1 − bubble) added to the pipeline's busy time."""
     if t.bubble == 0:
         return 0.0
-    hidden = (t.tp_bw if settings.overlap_tp else 0.0) + (t.ppep_bw if settings.overlap_pp else 0.0)
-    exposed = (0.0 if settings.overlap_tp else t.tp_bw) + (0.0 if settings.overlap_pp else t.ppep_bw)
+    tp, pp = settings.overlap_tp, settings.overlap_pp
+    hidden = (t.tp_bw if tp else 0.0) + (t.ppep_bw if pp else 0.0)
+    exposed = (0.0 if tp else t.tp_bw) + (0.0 if pp else t.ppep_bw)
     return t.bubble / (1 - t.bubble) * (max(t.matmul, hidden) + exposed)
 
 

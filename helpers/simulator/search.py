@@ -4,10 +4,11 @@ Four things make it fast while keeping every result bit-identical to `reference`
 
 * caching — matmul times, divisors, placements and each parallelism type's communication
   are pure functions of small hashable arguments, so each is computed once;
-* best-first order — a candidate layout is queued under its matmul time (a lower bound on
-  its step), then under a tighter bound (each part of the communication at its own best
-  split over the levels), and only then placed on the real levels; the search stops when
-  the smallest bound left exceeds the best real step, since nothing queued can beat it;
+* best-first order — a candidate layout is queued under ever tighter lower bounds on its
+  step: its FLOP at the sustained rate; then that plus each part of the communication at
+  its own best split over the levels; then the same with the exact matmul time; only then
+  is it placed on the real levels. The search stops when the smallest bound left exceeds
+  the best real step, since nothing still queued can beat it;
 * vectors — all placements of one layout are timed at once with numpy, using the same
   IEEE operations in the same order as the scalar `reference.step_seconds`;
 * a deadline — when sizing a cluster, a layout whose bound already misses the run's
@@ -100,8 +101,9 @@ def _splits(caps: tuple[int, ...], degree: int) -> tuple[tuple[int, ...], ...]:
 
 @lru_cache(maxsize=None)
 def _pair_splits(caps, a: int, b: int):
+    """Splits of two types that could share the inner levels (their product fits each)."""
     return tuple((x, y) for x in _splits(caps, a) for y in _splits(caps, b)
-            if all(cap % (i * j) == 0 for cap, i, j in zip(caps, x, y)))
+                 if all(cap % (i * j) == 0 for cap, i, j in zip(caps, x, y)))
 
 
 def _floor(results) -> tuple[float, float]:
@@ -146,8 +148,9 @@ def _ppep_floor(d, L, B, v, PP, EP, levels, caps, N, by):
 
 def clear_caches() -> None:
     """Forget every cached result (for honest cold-start benchmarks)."""
-    for fn in (tile, _matmul, _six_matmuls, divisors, _microbatches, _splits, _pair_splits, _dp, _ppep, _allreduce_levels,
-               _dp_floor, _tp_floor, _ppep_floor, placement_table, factorization_table):
+    for fn in (tile, _matmul, _six_matmuls, divisors, _microbatches, _splits, _pair_splits,
+               _dp, _ppep, _allreduce_levels, _dp_floor, _tp_floor, _ppep_floor,
+               placement_table, factorization_table):
         fn.cache_clear()
     _GPUS.clear()
     _GPU_IDS.clear()

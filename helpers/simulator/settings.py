@@ -59,7 +59,8 @@ def _positive(name: str, value) -> None:
 
 
 def validate_settings(s: Settings) -> Settings:
-    """Return `s` unchanged if the model can run with it; else raise a ValueError naming the field."""
+    """Return `s` unchanged if the model can run with it; else raise a ValueError naming
+    the field and the range it must be in."""
     _positive("tokens_per_param", s.tokens_per_param)
     if s.batch_law not in BATCH_LAWS:
         raise ValueError(f"batch_law must be one of {', '.join(BATCH_LAWS)} (got {s.batch_law!r})")

@@ -160,9 +160,9 @@ def summary_html(rows: list[dict]) -> str:
         cells = [f"<td>{html.escape(r['configuration'])}</td>"]
         for attr, _ in SUMMARIES:
             c = r[attr]
-            cells += [f"<td>{_fmt(c['compute_flop'], '.3g')}</td>", f"<td>{_fmt(c['mfu'], '.3f')}</td>",
-                      f"<td>{_fmt(c['n_gpus'], '.3g')}</td>", f"<td>{_fmt(c['months'], '.2f')}</td>",
-                      f"<td>{_fmt(c['cost_usd'], '.3g')}</td>"]
+            cells += [f"<td>{_fmt(c[key], spec)}</td>" for key, spec in (
+                ("compute_flop", ".3g"), ("mfu", ".3f"), ("n_gpus", ".3g"), ("months", ".2f"),
+                ("cost_usd", ".3g"))]
         body.append("<tr>" + "".join(cells) + "</tr>")
     return (f"<table><tr><th rowspan=2>configuration</th>{head}</tr><tr>{sub}</tr>"
             + "".join(body) + "</table><p>cost = GPUs × price per GPU (hardware only); "
@@ -430,7 +430,8 @@ class SimulatorApp:
         try:
             cfg = configuration_from_form(self.get_form())
         except ValueError as e:
-            self.f_message.value = f"<span style='color:#b00'>not added: {html.escape(str(e))}</span>"
+            self.f_message.value = ("<span style='color:#b00'>not added: "
+                                    f"{html.escape(str(e))}</span>")
             return None
         names = {c.name for c in self.configs}
         base, k = cfg.name, 2
