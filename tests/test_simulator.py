@@ -325,3 +325,19 @@ def test_cli_rejects_bad_input_with_the_field_named(tmp_path):
     (tmp_path / "bad.json").write_text(json.dumps(bad))
     r = _cli("--config", "bad.json", "--months", "-1", "--json", "x.json", cwd=tmp_path)
     assert r.returncode == 2 and "network_levels[0].bandwidth_Bps must be" in r.stderr
+
+
+def test_infinite_bandwidth_is_written_as_strict_json_and_read_back():
+    gpu = PRESETS["H100 SXM Infinite network + LL"]
+    curve = run_curve(gpu, Settings(), max_compute=7e24)  # the first grid point only
+    text = json.dumps(to_json({gpu.name: curve}), allow_nan=False)
+    hardware = json.loads(text)["configurations"][0]["hardware"]
+    assert hardware["network_levels"][0]["bandwidth_Bps"] == "Infinity"
+    assert gpu_from_json(hardware) == gpu
+
+
+def test_settings_section_rejects_unknown_fields(tmp_path):
+    path = tmp_path / "gpu.json"
+    path.write_text(json.dumps(gpu_to_json(H100_SXM) | {"settings": {"month": 3}}))
+    with pytest.raises(ValueError, match="^settings: unknown field"):
+        load_config(path)
