@@ -1,7 +1,8 @@
 """The spec's model transcribed directly (§4–§6): slow, plain, and the yardstick for `search`.
 
-Nothing here is cached or vectorised; `tests/test_simulator.py` checks that the fast search
-returns exactly these plans. Read this file to see the model; read `search.py` to see it fast.
+Nothing here is vectorised or pruned beyond what the spec says (only `matmul.tile`, a pure
+function of the weight shape, is cached); `tests/test_simulator.py` checks that the fast
+search returns exactly these plans. Read this file to see the model; read `search.py` to see it fast.
 """
 from __future__ import annotations
 
