@@ -341,3 +341,15 @@ def test_settings_section_rejects_unknown_fields(tmp_path):
     path.write_text(json.dumps(gpu_to_json(H100_SXM) | {"settings": {"month": 3}}))
     with pytest.raises(ValueError, match="^settings: unknown field"):
         load_config(path)
+
+
+def test_benchmark_prints_its_json_last():
+    r = subprocess.run([sys.executable, "-m", "benchmarks.simulator", "--runs", "1"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=120,
+                       env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+    assert r.returncode == 0, r.stderr
+    result = json.loads(r.stdout.strip().splitlines()[-1])
+    assert set(result) == {"dense_s", "sparse_s", "dense_points", "sparse_points"}
+    # Dense: the grid points up to 2.71e31 (§8) and the first infeasible one after them.
+    assert result["dense_points"] == 1 + sum(1 for m in grid(Settings()) if m.C < 2.72e31)
+    assert result["sparse_points"] > 1 and result["dense_s"] > 0 and result["sparse_s"] > 0
