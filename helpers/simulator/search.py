@@ -123,22 +123,24 @@ def _allreduce_levels(words, split, rs, rp, levels, N, by) -> tuple[tuple[float,
     return tuple(x[0] for x in per), tuple(x[1] for x in per)
 
 
-def _tp_pairs(d, f, L, B, pairs, levels, N, by) -> tuple[np.ndarray, np.ndarray]:
-    """`comm.tp_comm` for many (TP_model, TP_ff) splits at once, operation for operation."""
-    m = [_allreduce_levels(f, x, 2 * L, B, levels, N, by) for x, _ in pairs]
-    g = [_allreduce_levels(d, y, 2 * L, B, levels, N, by) for _, y in pairs]
-    bw = np.array([a[0] for a in m]) + np.array([b[0] for b in g])
-    lat1, lat2 = np.array([a[1] for a in m]), np.array([b[1] for b in g])
-    lat = np.zeros(len(pairs))
-    for k in range(len(levels)):
-        lat = lat + (lat1[:, k] + lat2[:, k])
-    return bw.max(axis=1), lat
+def _tp_pairs(d, f, L, B, pairs, levels, N, by) -> list[tuple[float, float]]:
+    """`comm.tp_comm` for many (TP_model, TP_ff) splits, operation for operation, reusing
+    each split's per-level all-reduce times."""
+    out = []
+    for x, y in pairs:
+        bw1, lat1 = _allreduce_levels(f, x, 2 * L, B, levels, N, by)
+        bw2, lat2 = _allreduce_levels(d, y, 2 * L, B, levels, N, by)
+        bw_max, lat_sum = 0.0, 0.0
+        for k in range(len(levels)):
+            bw_max = max(bw_max, bw1[k] + bw2[k])
+            lat_sum += lat1[k] + lat2[k]
+        out.append((bw_max, lat_sum))
+    return out
 
 
 @lru_cache(maxsize=None)
 def _tp_floor(d, f, L, B, TPm, TPf, levels, caps, N, by):
-    bw, lat = _tp_pairs(d, f, L, B, _pair_splits(caps, TPm, TPf), levels, N, by)
-    return float(bw.min()), float(lat.min())
+    return _floor(_tp_pairs(d, f, L, B, _pair_splits(caps, TPm, TPf), levels, N, by))
 
 
 @lru_cache(maxsize=None)
@@ -185,7 +187,7 @@ def _placed_comm(model: Model, levels, caps, deg, v, N, by):
     if table is None:
         return None
     dp = np.array([_dp(model.P, x, levels, N, by) for x in table.dp])
-    tp = np.stack(_tp_pairs(model.d, model.f, model.L, model.B, table.tp, levels, N, by), 1)
+    tp = np.array(_tp_pairs(model.d, model.f, model.L, model.B, table.tp, levels, N, by))
     pe = np.array([_ppep(model.d, model.L, model.B, v, x, y, levels, N, by)
                    for x, y in table.ppep])
     tp, pe, dp = tp[table.tp_index], pe[table.ppep_index], dp[table.dp_index]
