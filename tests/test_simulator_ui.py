@@ -1,0 +1,141 @@
+"""Notebook 06's widgets: the pure callbacks, driven at the controls' extremes."""
+from __future__ import annotations
+
+import base64
+import json
+import re
+
+import pytest
+
+from helpers.hardware import GTX_580, H100_SXM
+from helpers.simulator.curve import run_curve
+from helpers.simulator.settings import Settings
+from helpers.simulator.widgets import (Configuration, SimulatorApp, breakdown_figure,
+                                       breakdown_parts, configuration_from_form, describe,
+                                       form_values, summary_rows)
+
+
+def small_app(**kw) -> SimulatorApp:
+    return SimulatorApp([Configuration("H100", H100_SXM, Settings())], **kw)
+
+
+@pytest.mark.parametrize("months, threshold", [(0.25, 1.0), (24, 0.05)])
+def test_run_at_slider_extremes(months, threshold):
+    app = small_app()
+    app.months.value = app.months.min if months < 1 else app.months.max
+    app.threshold.value = app.threshold.max if threshold == 1.0 else app.threshold.min
+    curves = app.on_run()
+    curve = curves["H100"]
+    assert curve.settings.months == app.months.value
+    assert app.progress.value == 1.0 and not app.run_button.disabled
+    (row,) = summary_rows(curves)
+    end = row["linear_scaling_ends"]
+    if threshold == 1.0:  # nothing reaches the ceiling itself: scaling "ends" at once
+        assert end["compute_flop"] == float(curve.points[0].model.C)
+    else:
+        assert row["max_feasible_at_threshold"]["compute_flop"] is not None
+    largest = row["largest_feasible"]
+    assert largest["months"] <= months
+    assert largest["cost_usd"] is None  # no price for an H100 unless one is given
+
+
+def test_longer_runs_push_the_wall_out():
+    short, long_ = small_app(months=0.25), small_app(months=24)
+    a, b = short.on_run()["H100"], long_.on_run()["H100"]
+    assert b.largest_feasible().model.C > a.largest_feasible().model.C
+
+
+def test_breakdown_slider_extremes_and_the_infeasible_point():
+    app = small_app()
+    app.on_run()
+    app.breakdown_point.value = 0
+    assert app.on_breakdown() is not None
+    app.breakdown_point.value = app.breakdown_point.max  # the first infeasible point
+    fig = app.on_breakdown()
+    assert "infeasible" in fig.axes[0].texts[0].get_text()
+
+
+def test_breakdown_parts_add_up_to_the_step_when_nothing_overlaps():
+    settings = Settings(overlap_tp=False, overlap_pp=False, schedules=("1f1b",))
+    curve = run_curve(GTX_580, settings)
+    point = curve.points[0]
+    parts = breakdown_parts(point, settings)
+    assert sum(parts.values()) == pytest.approx(point.plan.time.step, rel=1e-9)
+    assert breakdown_figure(point, settings) is not None
+
+
+def test_download_is_the_cli_json():
+    app = small_app()
+    app.on_run()
+    link = app.on_download()
+    payload = re.search(r"base64,([A-Za-z0-9+/=]+)", link).group(1)
+    out = json.loads(base64.b64decode(payload))
+    (conf,) = out["configurations"]
+    assert conf["name"] == "H100" and conf["points"][-1]["feasible"] is False
+
+
+@pytest.mark.parametrize("field, value, named", [
+    ("hbm_Bps", 0.0, "hbm_Bps"), ("l2_Bps", -1.0, "l2_Bps"), ("fpct", 0.0,
+                                                             "flop_per_clock_per_thread[16]"),
+    ("hbm_bytes", 0.0, "hbm_bytes"), ("num_sms", 0, "num_sms"),
+    ("effective_utilization", 0.0, "effective_utilization"),
+])
+def test_form_rejects_bad_hardware_by_name(field, value, named):
+    app = small_app()
+    app.f_gpu[field].value = value
+    before = len(app.configs)
+    assert app.on_add() is None
+    assert named in app.f_message.value and len(app.configs) == before
+
+
+def test_form_rejects_bad_network_and_settings():
+    app = small_app()
+    app.f_level_widgets[0][0].value = 0.0
+    assert app.on_add() is None and "network_levels[0].bandwidth_Bps" in app.f_message.value
+    app.on_preset({"new": H100_SXM.name})
+    for box in app.f_schedules.values():
+        box.value = False
+    assert app.on_add() is None and "schedules" in app.f_message.value
+    app.on_preset({"new": H100_SXM.name})
+    app.f_price.value = "cheap"
+    assert app.on_add() is None and "price_per_gpu" in app.f_message.value
+
+
+@pytest.mark.parametrize("n_levels", [1, SimulatorApp.MAX_LEVELS])
+def test_form_with_fewest_and_most_levels(n_levels):
+    app = small_app()
+    app.f_levels.value = n_levels
+    assert len(app.f_level_widgets) == n_levels
+    assert app.f_level_widgets[-1][2].disabled  # the outermost level has no size
+    cfg = app.on_add()
+    assert cfg is not None and len(cfg.gpu.network_levels) == n_levels
+    assert cfg.gpu.network_levels[-1].size is None
+    assert [c.name for c in app.configs][-1] == cfg.name and len(app.include.children) == 2
+
+
+def test_added_configuration_runs_and_can_be_excluded():
+    app = small_app()
+    app.on_preset({"new": GTX_580.name})
+    app.f_sparse.value = True
+    cfg = app.on_add()
+    assert cfg.settings.sparse and cfg.settings.price_per_gpu == 300.0
+    app.include.children[0].value = False  # leave the H100 out
+    curves = app.on_run()
+    assert list(curves) == [cfg.name]
+    assert app.degrees_choice.options == (cfg.name,)
+    assert app.on_degrees() is not None
+
+
+def test_form_round_trips_a_preset():
+    values = form_values("x", GTX_580, Settings(price_per_gpu=300.0))
+    cfg = configuration_from_form(values)
+    assert cfg.gpu.network_levels == GTX_580.network_levels
+    assert cfg.gpu.flop_per_clock_per_thread == {32: 0.5}
+    assert cfg.settings.price_per_gpu == 300.0
+
+
+def test_describe_names_the_layout():
+    curve = run_curve(H100_SXM, Settings())
+    text = describe(curve.linear_scaling_ends(), price=1.0)
+    assert "TP (8, 64)" in text and "PP 64" in text and "DP 256" in text and "$" in text
+    assert "infeasible" in describe(curve.points[-1])
