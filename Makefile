@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: lab test unit notebooks figures venv clean
+.PHONY: lab test unit notebooks figures bench venv clean
 
 venv: $(STAMP)
 
@@ -32,6 +32,10 @@ unit: $(STAMP)
 notebooks: $(STAMP)
 	cd notebooks && for nb in *.ipynb; do ../$(VENV)/bin/jupyter nbconvert --to notebook --execute --inplace $$nb || exit 1; done
 	$(PY) scripts/strip_notebooks.py notebooks/*.ipynb
+
+# Every speed figure the issues ask for; each prints one JSON object as its last line.
+bench: $(STAMP)
+	for b in interactivity collectives ddp tp pipeline simulator; do $(PY) -m benchmarks.$$b || exit 1; done
 
 figures: $(STAMP)
 	$(PY) -m figures.make_figures
