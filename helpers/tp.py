@@ -22,7 +22,6 @@ Conventions used throughout:
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import statistics
 import time
@@ -754,18 +753,11 @@ def _hierarchy():
     return HIERARCHY
 
 
-def fit_path() -> Path:
-    """results/collective_fit.json at the repository root, written by notebook 02."""
-    return Path(__file__).resolve().parents[1] / "results" / "collective_fit.json"
-
-
 def load_fit(path: Path | str | None = None) -> dict | None:
-    """Notebook 02's α–β fit of this machine, or None if it has not been run here."""
-    path = Path(path) if path is not None else fit_path()
-    if not path.is_file():
-        return None
-    record = json.loads(path.read_text())
-    fit = record.get("fit", {}).get("all_reduce")
+    """Notebook 02's all-reduce α–β fit of this machine, or None if it has not been run here."""
+    from helpers import alpha_beta
+    record = alpha_beta.load_fit(path)
+    fit = (record or {}).get("fit", {}).get("all_reduce")
     if not fit:
         return None
     return {"backend": record.get("backend"), "world_size": record.get("world_size"),
@@ -887,12 +879,17 @@ def plot_curve(hidden: int, machine: Machine, tokens: int = 128, t: int | None =
     return ax
 
 
-def measure_cpu_flops(hidden: int = 1024, tokens: int = 512, threads: int | None = None) -> float:
-    """fp32 matmul FLOP/s of this process (threads as notebook 02's ranks had), median of 5."""
+def measure_cpu_flops(hidden: int = 1024, tokens: int = 512,
+                      threads: float | None = None) -> float:
+    """fp32 matmul FLOP/s of this process (threads as notebook 02's ranks had), median of 5.
+
+    `threads` may be a fraction (4 ranks on 2 cores have 0.5 core each); a process runs at
+    least one thread, so it is rounded and floored at 1.
+    """
     from helpers.timing import measure
     previous = torch.get_num_threads()
     if threads:
-        torch.set_num_threads(threads)
+        torch.set_num_threads(max(1, round(threads)))
     try:
         a, w = torch.randn(tokens, hidden), torch.randn(hidden, hidden)
         m = measure(lambda: a @ w, "matmul", repeat=5, warmup=2)

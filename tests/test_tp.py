@@ -246,3 +246,14 @@ def test_layout_figure_shows_the_counted_collectives(layout):
     fig = tp.plot_layouts(L)
     assert len(fig.axes) == len(tp.LAYOUTS)
     plt.close(fig)
+
+
+def test_fit_saved_by_notebook_02_is_read_even_with_fractional_cores(tmp_path):
+    """4 ranks on 2 cores have 0.5 core each: notebook 02 saves that, notebook 04 must cope."""
+    from helpers import alpha_beta
+    path = alpha_beta.save_fit({"all_reduce": alpha_beta.Fit("all_reduce", 2e-4, 1.5e-9)},
+                               "gloo", 4, 0.5, path=tmp_path / "collective_fit.json")
+    fit = tp.load_fit(path)
+    assert (fit["world_size"], fit["cores_per_rank"]) == (4, 0.5)
+    assert fit["beta_s_per_byte"] == 1.5e-9
+    assert tp.measure_cpu_flops(256, tokens=64, threads=fit["cores_per_rank"]) > 0
