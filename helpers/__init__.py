@@ -4,7 +4,7 @@
 01  ranks (start and keep real ranks), collectives
 02  bench (timing collectives), alpha_beta (the latency-bandwidth model)
 03  mlp (the lecture's model), ddp (data-parallel wrappers), zero (ZeRO-1 optimizer)
-04  tp (tensor parallelism)
+04  tp (tensor parallelism), tp_cost (when it pays: compute vs communication per layer)
 05  pp (running pipelines), pp_schedules (schedules, no processes), gantt (the chart)
 06  simulator (the training-cost model)
 Every notebook measures with `timing`; `run` starts the same rank functions under torchrun.

@@ -9,7 +9,7 @@ import multiprocessing as mp
 import pytest
 import torch
 
-from helpers import tp
+from helpers import tp, tp_cost
 from helpers.ranks import LiveRanks
 
 B, H, L = 128, 1024, 4  # the lecture's running example
@@ -154,16 +154,16 @@ def _fit_file(tmp_path):
 
 
 def test_fit_is_optional(tmp_path):
-    assert tp.load_fit(tmp_path / "missing.json") is None
-    assert "this machine: gloo fit from notebook 02" not in tp.machines(None)
-    fit = tp.load_fit(_fit_file(tmp_path))
+    assert tp_cost.load_fit(tmp_path / "missing.json") is None
+    assert "this machine: gloo fit from notebook 02" not in tp_cost.machines(None)
+    fit = tp_cost.load_fit(_fit_file(tmp_path))
     assert fit["alpha_s"] == 1e-4 and fit["beta_s_per_byte"] == 1e-9
-    machine = tp.machines(fit, cpu_flops=1e10)["this machine: gloo fit from notebook 02"]
-    assert tp.link_for(machine, 2).bandwidth_Bps == pytest.approx(1e9)
+    machine = tp_cost.machines(fit, cpu_flops=1e10)["this machine: gloo fit from notebook 02"]
+    assert tp_cost.link_for(machine, 2).bandwidth_Bps == pytest.approx(1e9)
 
 
 def test_links_come_from_hardware_hierarchy():
-    nvlink, ib = tp.h100_links()
+    nvlink, ib = tp_cost.h100_links()
     assert (nvlink.bandwidth_Bps, ib.bandwidth_Bps) == (450e9, 50e9)
 
 
@@ -174,39 +174,39 @@ def test_widget_model_at_slider_extremes(tmp_path, t, hidden, tokens):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    choices = tp.machines(tp.load_fit(_fit_file(tmp_path)), cpu_flops=5e10)
+    choices = tp_cost.machines(tp_cost.load_fit(_fit_file(tmp_path)), cpu_flops=5e10)
     for name, machine in choices.items():
-        row = tp.layer_times(t, hidden, machine, tokens)
+        row = tp_cost.layer_times(t, hidden, machine, tokens)
         assert row["compute_s"] == pytest.approx(6 * tokens * hidden**2 / t / machine.flops)
         assert (row["comm_s"] == 0) == (t == 1) and row["comm_s"] >= 0
-        text = tp.describe(t, hidden, machine, tokens)
+        text = tp_cost.describe(t, hidden, machine, tokens)
         assert f"t={t}, h={hidden}" in text
-        assert tp.show_choice(choices, t, hidden, tokens, name) == text
+        assert tp_cost.show_choice(choices, t, hidden, tokens, name) == text
         assert len(plt.gcf().axes[0].lines) >= 4  # compute, communication, step, best t
         plt.close("all")
-    assert t in tp.T_OPTIONS and hidden in tp.HIDDEN_OPTIONS and tokens in tp.TOKEN_OPTIONS
-    assert tp.widget(choices, t, hidden, tokens).children  # the sliders build at this setting
+    assert t in tp_cost.T_OPTIONS and hidden in tp_cost.HIDDEN_OPTIONS and tokens in tp_cost.TOKEN_OPTIONS
+    assert tp_cost.widget(choices, t, hidden, tokens).children  # the sliders build at this setting
 
 
 def test_tp_stays_inside_a_node():
-    cluster, ib_only, _ = tp.machines().values()
+    cluster, ib_only, _ = tp_cost.machines().values()
     big = dict(hidden=8192, tokens=16384)
     # On NVLink the step keeps shrinking up to the node (8); crossing into InfiniBand it grows.
-    rows = {r["t"]: r for r in tp.tp_curve(big["hidden"], cluster, big["tokens"])}
+    rows = {r["t"]: r for r in tp_cost.tp_curve(big["hidden"], cluster, big["tokens"])}
     assert rows[8]["step_s"] < rows[4]["step_s"] < rows[1]["step_s"]
     assert rows[16]["step_s"] > rows[8]["step_s"] and rows[16]["link"] == "InfiniBand NDR"
-    assert tp.best_t(tp.tp_curve(big["hidden"], cluster, big["tokens"])) == 8
+    assert tp_cost.best_t(tp_cost.tp_curve(big["hidden"], cluster, big["tokens"])) == 8
     # With InfiniBand only, TP does not pay at all; at the lecture's size it never pays.
-    assert tp.best_t(tp.tp_curve(big["hidden"], ib_only, big["tokens"])) == 1
-    assert tp.best_t(tp.tp_curve(1024, cluster, 128)) == 1
+    assert tp_cost.best_t(tp_cost.tp_curve(big["hidden"], ib_only, big["tokens"])) == 1
+    assert tp_cost.best_t(tp_cost.tp_curve(1024, cluster, 128)) == 1
 
 
 def test_layer_times_rejects_bad_input():
-    machine = next(iter(tp.machines().values()))
+    machine = next(iter(tp_cost.machines().values()))
     with pytest.raises(ValueError, match="hidden"):
-        tp.layer_times(3, 1024, machine)
+        tp_cost.layer_times(3, 1024, machine)
     with pytest.raises(ValueError, match="tokens"):
-        tp.layer_times(2, 1024, machine, tokens=0)
+        tp_cost.layer_times(2, 1024, machine, tokens=0)
 
 
 def test_timed_steps_count_the_formula_bytes(ranks):
@@ -253,7 +253,7 @@ def test_fit_saved_by_notebook_02_is_read_even_with_fractional_cores(tmp_path):
     from helpers import alpha_beta
     path = alpha_beta.save_fit({"all_reduce": alpha_beta.Fit("all_reduce", 2e-4, 1.5e-9)},
                                "gloo", 4, 0.5, path=tmp_path / "collective_fit.json")
-    fit = tp.load_fit(path)
+    fit = tp_cost.load_fit(path)
     assert (fit["world_size"], fit["cores_per_rank"]) == (4, 0.5)
     assert fit["beta_s_per_byte"] == 1.5e-9
-    assert tp.measure_cpu_flops(256, tokens=64, threads=fit["cores_per_rank"]) > 0
+    assert tp_cost.measure_cpu_flops(256, tokens=64, threads=fit["cores_per_rank"]) > 0
