@@ -7,8 +7,10 @@ It also refuses (exit 1) a notebook whose outputs show a path of this machine.
 import json
 import os
 import sys
+import tempfile
 
-MACHINE_PATHS = [p for p in {os.path.expanduser("~") + "/", os.getcwd() + "/", "/tmp/"} if len(p) > 2]
+MACHINE_PATHS = [p for p in {os.path.expanduser("~") + "/", os.getcwd() + "/",
+                             tempfile.gettempdir() + "/"} if len(p) > 2]
 
 
 def strip(path: str) -> list[str]:
