@@ -30,7 +30,7 @@ unit: $(STAMP)
 
 # Re-execute every notebook in place and strip it for committing.
 notebooks: $(STAMP)
-	cd notebooks && for nb in *.ipynb; do ../$(VENV)/bin/jupyter nbconvert --to notebook --execute --inplace $$nb || exit 1; done
+	cd notebooks && for nb in *.ipynb; do ../$(VENV)/bin/jupyter nbconvert --to notebook --execute --inplace --ExecutePreprocessor.timeout=300 $$nb || exit 1; done
 	$(PY) scripts/strip_notebooks.py notebooks/*.ipynb
 
 # Every speed figure the issues ask for; each prints one JSON object as its last line.

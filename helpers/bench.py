@@ -11,11 +11,8 @@ or under torchrun; everything else runs in the notebook. Conventions, stated onc
 """
 from __future__ import annotations
 
-import contextlib
-import os
 import re
 import statistics
-import sys
 import time
 from typing import Iterable, Sequence
 
@@ -23,6 +20,7 @@ import numpy as np
 
 from helpers import alpha_beta as ab
 from helpers.alpha_beta import GB, GiB, OPS
+from helpers.collectives import fd2_muted
 from helpers.timing import Measurement, format_seconds
 
 KiB, MiB = 1024, 1024**2
@@ -394,27 +392,12 @@ def gloo_facts(rank: int, world_size: int) -> dict[str, str]:
     def split_dim1():
         inp = torch.ones(2, 3 * world_size)
         out = torch.empty(2, 3)
-        with _fd2_muted():
+        with fd2_muted():
             reduce_scatter(out, inp, group=group)
         return "accepted"
     attempt(f"reduce_scatter input (2, {3 * world_size}) -> (2, 3)", split_dim1)
     dist.barrier(group=group)
     return facts
-
-
-@contextlib.contextmanager
-def _fd2_muted():
-    """gloo also logs a failed check straight to file descriptor 2 (with a timestamp), outside
-    Python's sys.stderr; the exception carries the same words, so silence the duplicate."""
-    sys.stderr.flush()
-    saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, 2)
-    try:
-        yield
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
-        os.close(devnull)
 
 
 def reduce_scatter_ratios(records: list[dict]) -> list[dict]:

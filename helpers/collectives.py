@@ -7,7 +7,10 @@ collective against what it is supposed to do.
 """
 from __future__ import annotations
 
+import contextlib
+import os
 import re
+import sys
 
 import torch
 import torch.distributed as dist
@@ -135,6 +138,11 @@ def lecture_example(rank: int, world_size: int) -> dict:
 # Gaps between backends: probe what this torch's backend does, and the portable way.
 # ---------------------------------------------------------------------------------------
 
+def _muted(call, *args):
+    with fd2_muted():
+        return call(*args)
+
+
 def all_reduce_mean(tensor: torch.Tensor) -> torch.Tensor:
     """Average across ranks in place; SUM then divide where the backend has no AVG."""
     try:
@@ -153,6 +161,25 @@ def reduce_scatter_rows(output: torch.Tensor, input: torch.Tensor) -> torch.Tens
     """
     dist.reduce_scatter_single(output.view(-1), input.contiguous().view(-1))
     return output
+
+
+@contextlib.contextmanager
+def fd2_muted():
+    """Silence file descriptor 2 for a moment.
+
+    gloo logs a failed check straight to fd 2 (with a timestamp), bypassing sys.stderr, and a
+    rank's fd 2 is the notebook's: the exception already carries the same words, so the
+    duplicate would only add a line that changes every run.
+    """
+    sys.stderr.flush()
+    saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 2)
+    try:
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
 
 
 def probe_backend(rank: int, world_size: int) -> dict:
@@ -175,7 +202,7 @@ def probe_backend(rank: int, world_size: int) -> dict:
         "backend": dist.get_backend(),
         "all_reduce(op=AVG)": attempt(lambda: dist.all_reduce(x.clone(), op=dist.ReduceOp.AVG)),
         "reduce_scatter(2-D input (w, n) -> output (n,))":
-            attempt(lambda: dist.reduce_scatter_single(lecture_output, lecture_input)),
+            attempt(lambda: _muted(dist.reduce_scatter_single, lecture_output, lecture_input)),
         "reduce_scatter_rows (flattened)":
             attempt(lambda: reduce_scatter_rows(flat_output, lecture_input)),
         "all_reduce_mean": attempt(lambda: all_reduce_mean(x.clone())),
