@@ -17,7 +17,7 @@ import sys
 
 from helpers import bench
 from helpers.alpha_beta import OPS
-from helpers.timing import format_seconds
+from helpers.run import pin_transports_to_loopback_if_single_machine
 
 RESULT_KEYS = ("op", "bytes", "time_s", "algbw_GBps", "busbw_GBps", "predicted_s", "rel_error")
 
@@ -107,6 +107,7 @@ def run_torchrun(args) -> dict | None:
     backend = args.backend if args.backend != "auto" else ("nccl" if gpus >= local_ranks else "gloo")
     if backend == "nccl":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+    pin_transports_to_loopback_if_single_machine()
     dist.init_process_group(backend, init_method="env://")
     try:
         if rank == 0:

@@ -338,7 +338,7 @@ def compare_with_single_process(ranks, variants=("lecture",) + VARIANTS, steps: 
     for v in variants:
         if v == "lecture":
             results = ranks.run(lecture_train, **common)
-            calls = layers
+            calls = len(reference["params"])  # the lecture all-reduces every parameter once
         else:
             results = ranks.run(ddp_train, v, bucket_size_mb=bucket_size_mb, **common)
             calls = results[0]["all_reduces_per_step"]
@@ -398,9 +398,10 @@ def timeline(rank: int, world_size: int, variant: str, hidden: int = 1024, layer
             recorded.append(model.trace)
     model.trace = None
     dist.barrier()
-    lengths = torch.tensor([max(e for *_, e in ev) - min(s for _, _, s, _ in ev) for ev in recorded])
+    lengths = torch.tensor([max(e for *_, e in ev) - min(s for _, _, s, _ in ev) for ev in recorded],
+                           device=rank_device())  # NCCL reduces only tensors on the GPU
     dist.all_reduce(lengths, op=dist.ReduceOp.MAX)  # a step lasts as long as its slowest rank
-    return recorded[int(lengths.argsort()[len(recorded) // 2])]
+    return recorded[int(lengths.argsort()[len(recorded) // 2].item())]
 
 
 def overlap_seconds(events: list[tuple]) -> float:

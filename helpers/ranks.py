@@ -42,6 +42,7 @@ BACKENDS = ("auto", "gloo", "nccl")
 # machine swaps or the kernel OOM-kills ranks, so refuse it up front.
 _BYTES_PER_CPU_RANK = 512 * 1024**2
 _MAX_CPU_WORLD_SIZE = 64
+_RANKS_PER_CORE = 8
 # The parent waits this much longer than the collective timeout before it stops waiting for
 # a rank on its own, so that the rank's own (more precise) timeout error arrives first.
 _GRACE_S = 5.0
@@ -75,13 +76,27 @@ def cpu_cores() -> int:
         return os.cpu_count() or 1
 
 
-def max_cpu_world_size() -> int:
-    """How many CPU ranks this machine can hold in memory at once."""
+def _memory_bytes() -> int | None:
+    """Physical memory, or the container's limit when one is set (cgroup v2)."""
     try:
-        memory = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (ValueError, OSError, AttributeError):
-        return 8
-    return max(1, min(_MAX_CPU_WORLD_SIZE, memory // _BYTES_PER_CPU_RANK))
+        return None
+    with contextlib.suppress(OSError, ValueError):
+        with open("/sys/fs/cgroup/memory.max") as f:
+            limit = f.read().strip()
+        if limit != "max":
+            total = min(total, int(limit))
+    return total
+
+
+def max_cpu_world_size() -> int:
+    """How many CPU ranks this machine can run: each needs memory for a process with torch
+    imported, and more than a few ranks per core only queue behind each other."""
+    memory = _memory_bytes()
+    by_memory = _MAX_CPU_WORLD_SIZE if memory is None else memory // _BYTES_PER_CPU_RANK
+    by_cores = max(8, _RANKS_PER_CORE * cpu_cores())
+    return max(1, min(_MAX_CPU_WORLD_SIZE, by_memory, by_cores))
 
 
 def threads_per_rank(world_size: int) -> int:
@@ -329,7 +344,6 @@ class LiveRanks:
 
     def __init__(self, world_size: int, backend: str = "auto", timeout: float = 60):
         self._world_size = check_world_size(world_size)
-        self._backend_choice = backend
         self.backend = resolve_backend(backend, world_size)
         self.timeout = check_timeout(timeout)
         self._ranks: list[_Rank] = []
@@ -347,7 +361,8 @@ class LiveRanks:
 
     def resize(self, world_size: int) -> "LiveRanks":
         world_size = check_world_size(world_size)
-        self.backend = resolve_backend(self._backend_choice, world_size)
+        # The backend chosen at construction stays: one object never mixes NCCL and gloo.
+        resolve_backend(self.backend, world_size)
         self._world_size = world_size
         return self
 
@@ -366,6 +381,8 @@ class LiveRanks:
             raise
 
     def close(self) -> None:
+        """Stop every rank. (multiprocessing's own resource-tracker helper, started with the
+        first spawned process, stays until the kernel exits: it holds no rank or socket.)"""
         for rank in self._ranks:
             with contextlib.suppress(Exception):
                 rank.conn.send(("stop",))

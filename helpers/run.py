@@ -10,7 +10,6 @@ from those (env://). Results are gathered on rank 0 and printed once, in rank or
 from __future__ import annotations
 
 import argparse
-import ipaddress
 import os
 import sys
 
@@ -27,13 +26,17 @@ DEMOS = {
 }
 
 
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
+def single_machine() -> bool:
+    """True when every rank of the job runs on this machine (torchrun's own variables)."""
+    return os.environ.get("LOCAL_WORLD_SIZE") == os.environ.get("WORLD_SIZE")
+
+
+def pin_transports_to_loopback_if_single_machine() -> None:
+    """One machine: keep gloo's and NCCL's sockets on loopback. (torchrun --standalone sets
+    MASTER_ADDR to the host's name, not to 127.0.0.1, so the address cannot tell.)"""
+    if single_machine():
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", loopback_interface())
+        os.environ.setdefault("NCCL_SOCKET_IFNAME", loopback_interface())
 
 
 def _parse_arg(text: str):
@@ -49,10 +52,7 @@ def init_from_env() -> tuple[int, int]:
         if name not in os.environ:
             raise SystemExit(f"{name} is not set: start this module with torchrun, e.g. "
                              "torchrun --nproc-per-node=2 -m helpers.run allreduce")
-    # A single-machine run keeps gloo's sockets on loopback; a multi-node address opts out.
-    if _is_loopback(os.environ["MASTER_ADDR"]):
-        os.environ.setdefault("GLOO_SOCKET_IFNAME", loopback_interface())
-        os.environ.setdefault("NCCL_SOCKET_IFNAME", loopback_interface())
+    pin_transports_to_loopback_if_single_machine()
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     use_nccl = torch.cuda.is_available() and local_rank < torch.cuda.device_count()
     if use_nccl:

@@ -1,5 +1,8 @@
 """Make executed notebooks fit to commit: no widget state, no execution timestamps.
 
+A widget's output only points at live state (a model id), so it is dropped and the text
+form kept: an un-run notebook then says what the widget is instead of "model not found".
+
     python scripts/strip_notebooks.py notebooks/*.ipynb
 
 It also refuses (exit 1) a notebook whose outputs show a path of this machine.
@@ -20,6 +23,8 @@ def strip(path: str) -> list[str]:
     for cell in nb["cells"]:
         cell.get("metadata", {}).pop("execution", None)
         cell.get("metadata", {}).pop("widgets", None)
+        for output in cell.get("outputs", []):
+            output.get("data", {}).pop("application/vnd.jupyter.widget-view+json", None)
     text = json.dumps(nb, indent=1, ensure_ascii=False) + "\n"
     with open(path, "w") as f:
         f.write(text)

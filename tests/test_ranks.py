@@ -228,3 +228,16 @@ def test_nccl_without_gpus_is_refused_with_the_reason():
 def test_auto_picks_nccl_with_one_gpu_per_rank():
     results = spawn(rank_fns.identity, 2)
     assert {r["backend"] for r in results} == {"nccl"}
+
+
+def test_world_size_limit_follows_cores_and_memory():
+    limit = ranks.max_cpu_world_size()
+    assert 1 <= limit <= max(8, 8 * ranks.cpu_cores())
+    with pytest.raises(ValueError, match=f"between 1 and {max(limit, ranks._cuda_device_count())}"):
+        ranks.check_world_size(limit + max(1, ranks._cuda_device_count()) + 1)
+
+
+def test_resize_keeps_the_backend_chosen_at_construction():
+    group = LiveRanks(2)
+    backend = group.backend
+    assert group.resize(3).backend == backend and group.resize(1).backend == backend

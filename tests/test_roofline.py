@@ -66,3 +66,13 @@ def test_hierarchy_tables_and_ratios():
         ax = hierarchy.draw(gpu)
         assert ax.get_title().startswith(gpu)
         assert len(hierarchy.sources(gpu).splitlines()) == len(HIERARCHY[gpu])
+
+
+def test_hierarchy_per_direction_agrees_with_the_cost_model_records():
+    """The simulator counts link bandwidth in both directions; notebook 00 shows one direction."""
+    from helpers.hardware import GTX_580, H100_SXM
+    def per_direction(gpu, prefix):
+        return next(lv.bandwidth_Bps for lv in HIERARCHY[gpu] if lv.name.startswith(prefix))
+    assert H100_SXM.network_levels[0].bandwidth_Bps / 2 == per_direction("H100 SXM", "NVLink")
+    assert H100_SXM.network_levels[1].bandwidth_Bps / 2 == per_direction("H100 SXM", "InfiniBand")
+    assert GTX_580.network_levels[1].bandwidth_Bps / 2 == per_direction("GTX 580", "InfiniBand")
