@@ -15,9 +15,10 @@ $(STAMP): requirements.txt pyproject.toml
 	$(PY) -m pip install --quiet --no-deps -e .
 	touch $(STAMP)
 
-# JupyterLab listens on 127.0.0.1 only.
+# JupyterLab listens on 127.0.0.1 only. As root (containers), Jupyter needs --allow-root.
+ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
 lab: $(STAMP)
-	$(VENV)/bin/jupyter lab --ServerApp.ip=127.0.0.1 notebooks/00_hardware_hierarchy.ipynb
+	$(VENV)/bin/jupyter lab --ServerApp.ip=127.0.0.1 --ServerApp.root_dir=. $(ROOT_FLAG) notebooks/00_hardware_hierarchy.ipynb
 
 # Unit tests (tests/test_torchrun.py runs a demo under torchrun with 2 CPU ranks), then every
 # notebook top to bottom under nbval, comparing the cells marked NBVAL_CHECK_OUTPUT.
