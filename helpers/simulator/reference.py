@@ -72,14 +72,18 @@ def combine(matmul, tp_bw, tp_lat, ppep_bw, ppep_lat, dp_bw, dp_lat, PP, m, v, z
     return StepTime(matmul, tp_bw, tp_lat, ppep_bw, ppep_lat, dp_bw, dp_lat, bubble, step)
 
 
+def bubble_fraction(PP: int, m: int, v: int, zb: bool) -> float:
+    """Spec §5: 0 under zero-bubble; else (z + PP − 1)/(z + PP − 1 + v·m), z = (v−1)·max(0, PP − m)."""
+    if zb:
+        return 0.0
+    z = (v - 1) * max(0, PP - m)
+    return (z + PP - 1) / (z + PP - 1 + v * m)
+
+
 def step_seconds(matmul, tp_bw, tp_lat, ppep_bw, ppep_lat, dp_bw, dp_lat, PP, m, v, zb,
                  overlap_tp, overlap_pp, overlap_dp) -> tuple[float, float]:
     """(step, bubble fraction): the arithmetic of `combine`, without building a record."""
-    if zb:
-        bubble = 0.0
-    else:
-        z = (v - 1) * max(0, PP - m)
-        bubble = (z + PP - 1) / (z + PP - 1 + v * m)
+    bubble = bubble_fraction(PP, m, v, zb)
     hidden = (tp_bw if overlap_tp else 0.0) + (ppep_bw if overlap_pp else 0.0)
     exposed = (0.0 if overlap_tp else tp_bw) + (0.0 if overlap_pp else ppep_bw)
     pipe = (max(matmul, hidden) + exposed) / (1 - bubble)

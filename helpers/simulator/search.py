@@ -32,7 +32,8 @@ from .comm import allreduce, dp_comm, outer, ppep_comm
 from .matmul import matmul_time, tile
 from .placement import factorization_table, placement_table
 from .plan import Plan
-from .reference import combine, level_capacities, schedule_options, step_seconds
+from .reference import (bubble_fraction, combine, level_capacities, schedule_options,
+                        step_seconds)
 from .reference import divisors as _slow_divisors
 from .scaling import Model
 from .settings import Settings
@@ -197,11 +198,7 @@ def _placed_comm(model: Model, levels, caps, deg, v, N, by):
 def _steps(matmul, tp_bw, tp_lat, ppep_bw, ppep_lat, dp_bw, dp_lat, PP, m, v, zb,
            overlap_tp, overlap_pp, overlap_dp) -> np.ndarray:
     """`reference.step_seconds` over arrays of placements: the same operations in order."""
-    if zb:
-        bubble = 0.0
-    else:
-        z = (v - 1) * max(0, PP - m)
-        bubble = (z + PP - 1) / (z + PP - 1 + v * m)
+    bubble = bubble_fraction(PP, m, v, zb)
     hidden = (tp_bw if overlap_tp else 0.0) + (ppep_bw if overlap_pp else 0.0)
     exposed = (0.0 if overlap_tp else tp_bw) + (0.0 if overlap_pp else ppep_bw)
     pipe = (np.maximum(matmul, hidden) + exposed) / (1 - bubble)
