@@ -16,7 +16,7 @@ import os
 import sys
 
 from helpers import bench
-from helpers.alpha_beta import OPS
+from helpers.cost.alpha_beta import OPS
 from helpers.run import pin_transports_to_loopback_if_single_machine
 
 RESULT_KEYS = ("op", "bytes", "time_s", "algbw_GBps", "busbw_GBps", "predicted_s", "rel_error")
@@ -66,7 +66,7 @@ def report(records: list[dict], world_size: int, cores_per_rank, backend: str, s
     median = bench.median_rel_error(rows)
     print(f"median |predicted - measured| / measured = {median:.1%}")
     if save:
-        from helpers.alpha_beta import save_fit
+        from helpers.cost.alpha_beta import save_fit
         save_fit(fits, backend, world_size, cores_per_rank)
         print("fit saved to results/collective_fit.json")
     return {"world_size": world_size, "backend": backend, "cores_per_rank": cores_per_rank,

@@ -27,7 +27,7 @@ import argparse
 import json
 import statistics
 
-from helpers import ddp
+from helpers.parallel import dp as ddp
 from helpers.ranks import LiveRanks, cpu_cores, threads_per_rank
 from helpers.timing import Measurement
 

@@ -8,7 +8,7 @@ measured in the same run; the last line is one JSON object.
 import argparse
 import json
 
-from helpers.collectives import all_reduce_once
+from helpers.parallel.collectives import all_reduce_once
 from helpers.ranks import LiveRanks, cpu_cores, spawn, threads_per_rank
 from helpers.timing import measure
 

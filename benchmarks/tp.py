@@ -5,7 +5,7 @@
 For each layout (lecture all-gather, Megatron, sequence parallel) and t = 1, 2, 4, on real
 ranks (gloo on CPU, NCCL with one GPU per rank): the median step (forward + backward), the
 bytes rank 0 handed to torch.distributed in one step under the ring convention next to
-`helpers.tp.formula_bytes`, and the share of the step spent inside collectives (time inside
+`helpers.parallel.tp.formula_bytes`, and the share of the step spent inside collectives (time inside
 the collective calls on rank 0, waiting for peers included). One thread per rank by default:
 on a machine with fewer cores than ranks the ranks share cores, and times say so. The last line
 is one JSON object.
@@ -16,7 +16,7 @@ import argparse
 import json
 import statistics
 
-from helpers import tp
+from helpers.parallel import tp
 from helpers.ranks import LiveRanks, cpu_cores, threads_per_rank
 from helpers.timing import Measurement
 

@@ -11,7 +11,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from helpers import collectives, hierarchy  # noqa: E402
+from helpers import hierarchy  # noqa: E402
+from helpers.parallel import collectives
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 

@@ -7,7 +7,7 @@ or under torchrun; everything else runs in the notebook. Conventions, stated onc
   Its time is the slowest rank's: a collective is done when every rank has its result.
 * 1 GB = 1e9 bytes everywhere (nccl-tests does the same). Message sizes are powers of two
   (1 KiB = 1024 B) because buffers are, but every bandwidth is in GB/s.
-* n is the message size in bytes, as `helpers.alpha_beta.OPS[op].bytes_are` says; p the ranks.
+* n is the message size in bytes, as `helpers.cost.alpha_beta.OPS[op].bytes_are` says; p the ranks.
 """
 from __future__ import annotations
 
@@ -18,9 +18,9 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from helpers import alpha_beta as ab
-from helpers.alpha_beta import GB, GiB, OPS
-from helpers.collectives import fd2_muted
+from helpers.cost import alpha_beta as ab
+from helpers.cost.alpha_beta import GB, GiB, OPS
+from helpers.parallel.collectives import fd2_muted
 from helpers.timing import Measurement, format_seconds
 
 KiB, MiB = 1024, 1024**2

@@ -16,7 +16,7 @@ import sys
 import torch
 import torch.distributed as dist
 
-from helpers import collectives
+from helpers.parallel import collectives
 from helpers.ranks import loopback_interface
 
 DEMOS = {

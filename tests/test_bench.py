@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from helpers import alpha_beta as ab
+from helpers.cost import alpha_beta as ab
 from helpers import bench
 from helpers.ranks import LiveRanks
 

@@ -1,11 +1,11 @@
-"""helpers.collectives: each collective on real ranks equals its one-process definition."""
+"""helpers.parallel.collectives: each collective on real ranks equals its one-process definition."""
 import matplotlib
 import pytest
 import torch
 
 matplotlib.use("Agg")
 
-from helpers import collectives as C
+from helpers.parallel import collectives as C
 from helpers.ranks import LiveRanks
 
 

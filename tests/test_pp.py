@@ -8,8 +8,8 @@ import torch
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from helpers import pp  # noqa: E402
-from helpers.pp_schedules import (Action, bubble_theory, check_event_log, make_plan,  # noqa: E402
+from helpers.parallel import pp  # noqa: E402
+from helpers.parallel.schedules import (Action, bubble_theory, check_event_log, make_plan,  # noqa: E402
                                   measured_bubble, peak_live, simulate)
 from helpers.ranks import LiveRanks  # noqa: E402
 

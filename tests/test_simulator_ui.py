@@ -10,7 +10,7 @@ import pytest
 from helpers.hardware import GTX_580, H100_SXM
 from helpers.simulator.curve import run_curve
 from helpers.simulator.settings import Settings
-from helpers.simulator.widgets import (Configuration, SimulatorApp, breakdown_figure,
+from helpers.views.simulator import (Configuration, SimulatorApp, breakdown_figure,
                                        breakdown_parts, configuration_from_form, describe,
                                        form_values, summary_rows)
 

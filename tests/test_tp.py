@@ -9,7 +9,8 @@ import multiprocessing as mp
 import pytest
 import torch
 
-from helpers import tp, tp_cost
+from helpers.parallel import tp
+from helpers.cost import tp as tp_cost
 from helpers.ranks import LiveRanks
 
 B, H, L = 128, 1024, 4  # the lecture's running example
@@ -250,7 +251,7 @@ def test_layout_figure_shows_the_counted_collectives(layout):
 
 def test_fit_saved_by_notebook_02_is_read_even_with_fractional_cores(tmp_path):
     """4 ranks on 2 cores have 0.5 core each: notebook 02 saves that, notebook 04 must cope."""
-    from helpers import alpha_beta
+    from helpers.cost import alpha_beta
     path = alpha_beta.save_fit({"all_reduce": alpha_beta.Fit("all_reduce", 2e-4, 1.5e-9)},
                                "gloo", 4, 0.5, path=tmp_path / "collective_fit.json")
     fit = tp_cost.load_fit(path)

@@ -7,8 +7,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from helpers import ddp, zero
-from helpers.mlp import make_batch, make_mlp, mlp_loss
+from helpers.parallel import dp as ddp
+from helpers.parallel import zero
+from helpers.models import make_batch, make_mlp, mlp_loss
 from helpers.ranks import LiveRanks
 
 HIDDEN, LAYERS, BATCH = 64, 4, 16

@@ -11,7 +11,7 @@ Notebook 05 in one module:
 * `explore_pipeline` / `pipeline_widget`: p, m, schedule → Gantt chart and bubble.
 
 The schedules themselves (lists of actions, the simulator, the bubble arithmetic) live in
-`helpers.pp_schedules`; the picture in `helpers.gantt`.
+`helpers.parallel.schedules`; the picture in `helpers.views.pp`.
 """
 from __future__ import annotations
 
@@ -25,8 +25,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from helpers import ranks as _ranks
-from helpers.gantt import plot_gantt
-from helpers.pp_schedules import (MODES, Action, bubble_theory, check_schedule_args,
+from helpers.views.pp import plot_gantt
+from helpers.parallel.schedules import (MODES, Action, bubble_theory, check_schedule_args,
                                   make_plan, measured_bubble, peak_live, simulate, stage_of)
 
 # The lecture's running example.

@@ -131,11 +131,11 @@ def sharded_vs_plain(rank: int, world_size: int, optimizer: str = "adamw", steps
     """Rank function: train two copies of the MLP on the same data, one with the plain
     optimizer and one with ShardedOptimizer around it; report exact equality and state bytes.
     (No data parallelism here: every rank sees the same batch, so only the optimizer differs.)"""
-    from helpers.mlp import make_batch, make_mlp, mlp_loss
+    from helpers.models import make_batch, make_mlp, mlp_loss
 
     cls, kwargs = {"adamw": (torch.optim.AdamW, {"lr": 1e-2, "weight_decay": 0.1}),
                    "sgd": (torch.optim.SGD, {"lr": 1.0, "momentum": 0.9})}[optimizer]
-    from helpers.ddp import rank_device
+    from helpers.parallel.dp import rank_device
 
     device = rank_device()
     plain_model = make_mlp(hidden, layers, seed).to(device)

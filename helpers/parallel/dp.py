@@ -30,7 +30,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from helpers.mlp import make_batch, make_mlp, mlp_loss
+from helpers.models import make_batch, make_mlp, mlp_loss
 
 VARIANTS = ("naive", "flat", "overlap", "bucketed")
 

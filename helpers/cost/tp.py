@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from helpers.tp import RING_FACTOR, _check_int, check_config
+from helpers.parallel.tp import RING_FACTOR, _check_int, check_config
 
 
 
@@ -48,7 +48,7 @@ def _hierarchy():
 
 def load_fit(path: Path | str | None = None) -> dict | None:
     """Notebook 02's all-reduce α–β fit of this machine, or None if it has not been run here."""
-    from helpers import alpha_beta
+    from helpers.cost import alpha_beta
     record = alpha_beta.load_fit(path)
     fit = (record or {}).get("fit", {}).get("all_reduce")
     if not fit:

@@ -32,7 +32,7 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
-from helpers.mlp import make_mlp
+from helpers.models import make_mlp
 
 LAYOUTS = ("lecture", "megatron", "sequence")
 DEFAULTS = dict(batch=128, hidden=1024, layers=4)  # the lecture's running example

@@ -17,10 +17,10 @@ from matplotlib.figure import Figure
 
 from helpers.hardware import GPU, GTX_580, H100_SXM, NetworkLevel, PRESETS
 
-from .config import PRICES_USD, validate_gpu
-from .curve import Curve, Point, run_curve
-from .report import SECONDS_PER_MONTH, bubble_seconds, dumps
-from .settings import BATCH_LAWS, SCHEDULES, Settings, validate_settings
+from helpers.simulator.config import PRICES_USD, validate_gpu
+from helpers.simulator.curve import Curve, Point, run_curve
+from helpers.simulator.report import SECONDS_PER_MONTH, bubble_seconds, dumps
+from helpers.simulator.settings import BATCH_LAWS, SCHEDULES, Settings, validate_settings
 
 
 @dataclass
