@@ -11,7 +11,7 @@ from helpers.checks import check_int, check_number
 
 
 def bubble_theory(p: int, m: float, v: int = 1) -> float:
-    """Idle fraction of the pipeline: (p−1)/(v·m + p−1); (p−1)/(m+p−1) without interleaving.
+    """Idle fraction of the pipeline: (p−1)/(v·m + p−1), or (p−1)/(m+p−1) with v = 1.
 
     Every rank does m·(t_F + t_B) of work and the schedule lasts (m + p − 1)·(t_F + t_B)
     (with v chunks, each of 1/v the work, the ramp shrinks to (p−1)·(t_F + t_B)/v). The ratio

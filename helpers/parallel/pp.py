@@ -229,7 +229,8 @@ def pipeline_rank(rank, world_size, schedule: str, m: int, v: int, mode: str, t_
     compute = mode == "compute"
     if compute:
         model = make_mlp(config)
-        mine = {c: stage_range(c * p + me, p * v, config) for c in range(v)}  # chunk c: stage c·p + me
+        # chunk c of this rank is stage c·p + me of p·v
+        mine = {c: stage_range(c * p + me, p * v, config) for c in range(v)}
         chunks = {c: mlp_layers(model, r.start, r.stop) for c, r in mine.items()}
         xs = make_batch(config).chunk(m)
         numel = config.batch * config.hidden  # per micro-batch Σy²/numel: they add up to the loss
@@ -255,14 +256,14 @@ def pipeline_rank(rank, world_size, schedule: str, m: int, v: int, mode: str, t_
                 if s == last:
                     out = mlp_loss(out, numel=numel)
                     losses.append(out.item())
-                saved[(a.chunk, a.mb)] = (inp, out)
             else:
                 _wait(t_f / v)
-                saved[(a.chunk, a.mb)] = (None, placeholder)
+                inp, out = None, placeholder
+            saved[(a.chunk, a.mb)] = (inp, out)
             peak = max(peak, len(saved))
             end = time.perf_counter()
             if s < last:
-                mail.send(saved[(a.chunk, a.mb)][1].detach(), s + 1, "F", a.mb)
+                mail.send(out.detach(), s + 1, "F", a.mb)
         else:
             inp, out = saved.pop((a.chunk, a.mb))
             if compute:
@@ -404,7 +405,8 @@ def torch_pipelining_rank(rank, world_size, schedule: str, m: int,
     else:
         runner.step()
     loss = torch.stack(losses).mean().item() if losses else None
-    return StageLog(grads={k: g.cpu() for k, g in layer_grads(layers, mine.start).items()}, loss=loss)
+    grads = {layer: g.cpu() for layer, g in layer_grads(layers, mine.start).items()}
+    return StageLog(grads=grads, loss=loss)
 
 
 def run_torch_pipelining(schedule: str = "1f1b", p: int = 2, m: int = 4, *, ranks=None,

@@ -23,6 +23,12 @@ class Action(NamedTuple):
     mb: int     # micro-batch index
 
 
+class Step(NamedTuple):
+    """An action on a given rank of the pipeline."""
+    rank: int
+    action: Action
+
+
 @dataclass(frozen=True)
 class Event:
     """One forward or backward as it ran on one rank: `start` and `end` in seconds."""
@@ -140,8 +146,8 @@ def check_plans(plans: list[list[Action]], m: int, v: int) -> None:
             seen.add(tuple(a))
 
 
-def dependency(action: Action, rank: int, p: int, v: int) -> tuple[int, Action] | None:
-    """The (rank, action) whose output this action consumes, or None for the pipeline's ends.
+def dependency(action: Action, rank: int, p: int, v: int) -> Step | None:
+    """The step (rank, action) whose output this action consumes, or None for the pipeline's ends.
 
     A forward needs the previous stage's forward of the same micro-batch; a backward needs
     the next stage's backward (the last stage starts its backward from its own loss).
@@ -151,11 +157,11 @@ def dependency(action: Action, rank: int, p: int, v: int) -> tuple[int, Action] 
         if stage == 0:
             return None
         prev = stage - 1
-        return prev % p, Action("F", prev // p, action.mb)
+        return Step(prev % p, Action("F", prev // p, action.mb))
     if stage == last:
         return None
     nxt = stage + 1
-    return nxt % p, Action("B", nxt // p, action.mb)
+    return Step(nxt % p, Action("B", nxt // p, action.mb))
 
 
 def simulate(schedule: str, p: int, m: int, t_f: float = 1.0, t_b: float = 2.0,
@@ -165,7 +171,7 @@ def simulate(schedule: str, p: int, m: int, t_f: float = 1.0, t_b: float = 2.0,
     v = check_schedule_args(p, m, schedule, v)
     plans = [make_plan(schedule, p, m, r, v) for r in range(p)]
     check_plans(plans, m, v)
-    done: dict[tuple[int, Action], float] = {}
+    done: dict[Step, float] = {}
     nxt, free = [0] * p, [0.0] * p
     events: list[Event] = []
     progress = True
@@ -180,7 +186,7 @@ def simulate(schedule: str, p: int, m: int, t_f: float = 1.0, t_b: float = 2.0,
                 ready = free[r] if dep is None else max(free[r], done[dep] + latency)
                 end = ready + (t_f if a.kind == "F" else t_b) / v
                 events.append(Event(r, a.kind, a.chunk, a.mb, ready, end))
-                done[(r, a)], free[r], nxt[r] = end, end, nxt[r] + 1
+                done[Step(r, a)], free[r], nxt[r] = end, end, nxt[r] + 1
                 progress = True
     if any(n < len(plan) for n, plan in zip(nxt, plans)):
         stuck = [r for r in range(p) if nxt[r] < len(plans[r])]
@@ -193,7 +199,7 @@ def check_event_log(events: list[Event], p: int, m: int, v: int = 1) -> None:
     rank, and no action starting before the output it consumes was produced."""
     by_key = {}
     for e in events:
-        key = (e.rank, e.action)
+        key = Step(e.rank, e.action)
         if key in by_key:
             raise AssertionError(f"duplicate event {key}")
         if not e.end >= e.start:
@@ -206,7 +212,8 @@ def check_event_log(events: list[Event], p: int, m: int, v: int = 1) -> None:
         for a, b in zip(mine, mine[1:]):
             if b.start < a.end:
                 raise AssertionError(f"rank {r} overlaps {a} and {b}")
-    for (r, a), e in by_key.items():
-        dep = dependency(a, r, p, v)
+    for step, e in by_key.items():
+        dep = dependency(step.action, step.rank, p, v)
         if dep is not None and e.start < by_key[dep].end:
-            raise AssertionError(f"{a} on rank {r} started before {dep[1]} on rank {dep[0]} ended")
+            raise AssertionError(f"{step.action} on rank {step.rank} started before "
+                                 f"{dep.action} on rank {dep.rank} ended")
