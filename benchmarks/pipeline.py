@@ -20,7 +20,7 @@ from helpers.timing import Measurement
 
 T_F = 0.05          # 50 ms per forward, 100 ms per backward: per-step overheads stay ~1%
 REPEAT = 3
-PS, MS, SCHEDULES = (2, 4), (1, 2, 4, 8), ("gpipe", "1f1b")
+PS, MS, COMPARED = (2, 4), (1, 2, 4, 8), ("gpipe", "1f1b")  # schedules compared
 TOLERANCE = 0.10    # relative, where the theory is above 0.05
 
 
@@ -29,7 +29,7 @@ def main() -> int:
           f"{cpu_cores()} CPU cores, gloo")
     results, misses = [], []
     with LiveRanks(max(PS), backend="gloo") as ranks:
-        for schedule in SCHEDULES:
+        for schedule in COMPARED:
             for p in PS:
                 for m in MS:
                     runs = [run_pipeline(schedule, p, m, ranks=ranks, mode="wait", t_f=T_F)

@@ -8,10 +8,15 @@ import torch
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from helpers.cost.bubble import bubble_theory, measured_bubble  # noqa: E402
+from helpers.models import LECTURE  # noqa: E402
 from helpers.parallel import pp  # noqa: E402
-from helpers.parallel.schedules import (Action, bubble_theory, check_event_log, make_plan,  # noqa: E402
-                                  measured_bubble, peak_live, simulate)
+from helpers.parallel.groups import split_groups  # noqa: E402
+from helpers.parallel.schedules import (Action, Event, check_event_log, make_plan,  # noqa: E402
+                                        peak_live, simulate)
 from helpers.ranks import LiveRanks  # noqa: E402
+from helpers.views.pp import (MAX_WIDGET_WORLD_SIZE, plot_bubble_sweep, plot_gantt,  # noqa: E402
+                              plot_runs, widget_pipeline)
 
 
 @pytest.fixture(scope="module")
@@ -45,6 +50,18 @@ def test_bubble_does_not_depend_on_backward_cost():
         assert measured_bubble(events, 4) == pytest.approx(3 / 9)
 
 
+def test_bubble_arithmetic_checks_its_arguments():
+    assert bubble_theory(4, 2.5) == pytest.approx(3 / 5.5)  # fractional m draws the curve
+    with pytest.raises(ValueError, match="m must be > 0"):
+        bubble_theory(2, 0)
+    with pytest.raises(TypeError, match="p must be an int"):
+        bubble_theory(2.0, 4)
+    with pytest.raises(ValueError, match="events must not be empty"):
+        measured_bubble([], 2)
+    idle_half = [Event(0, "F", 0, 0, 0.0, 1.0), Event(1, "F", 0, 0, 1.0, 2.0)]
+    assert measured_bubble(idle_half, 2) == pytest.approx(0.5)
+
+
 def test_planned_peak_live_microbatches():
     p, m = 4, 8
     assert [peak_live(make_plan("gpipe", p, m, r)) for r in range(p)] == [m] * p
@@ -58,19 +75,22 @@ def test_1f1b_plan_shape():
 
 
 def test_event_log_check_catches_causality_violation():
-    events = simulate("gpipe", 2, 2)
-    for e in events:
-        if e["rank"] == 1 and e["kind"] == "F" and e["mb"] == 0:
-            e["start"] -= 0.5  # starts before rank 0 finished sending it
+    events = [e.shifted(0.5) if (e.rank, e.action) == (1, Action("F", 0, 0)) else e
+              for e in simulate("gpipe", 2, 2)]  # starts before rank 0 finished sending it
     with pytest.raises(AssertionError, match="started before"):
         check_event_log(events, 2, 2)
+
+
+def test_stage_ranges_cover_the_model():
+    assert [pp.stage_range(s, 2) for s in range(2)] == [range(0, 2), range(2, 4)]
+    assert [pp.stage_range(s, 4) for s in range(4)] == [range(s, s + 1) for s in range(4)]
 
 
 # -- bad inputs: one clear error, before any process starts --------------------------------
 
 @pytest.mark.parametrize("kwargs,name", [
-    (dict(p=3), "num_layers"),                       # 4 layers cannot be cut into 3 stages
-    (dict(p=2, num_layers=6, schedule="interleaved", m=4), "num_layers"),  # 6 % (2·2)
+    (dict(p=3), "layers"),                           # 4 layers cannot be cut into 3 stages
+    (dict(p=2, config=LECTURE.with_(layers=6), schedule="interleaved", m=4), "layers"),  # 6 % 4
     (dict(m=0), "m"),
     (dict(m=-1), "m"),
     (dict(m=3), "batch"),                            # 128 % 3
@@ -90,17 +110,21 @@ def test_bad_inputs_raise_before_any_process(kwargs, name):
 def test_bad_types_and_lecture_inputs():
     with pytest.raises(TypeError, match="m must be an int"):
         pp.run_pipeline(m=2.0)
-    with pytest.raises(ValueError, match="num_layers"):
+    with pytest.raises(ValueError, match="layers must be a multiple of 3"):
         pp.run_lecture_forward(p=3)
     with pytest.raises(ValueError, match="m must be >= 1"):
         pp.run_lecture_forward(m=0)
+    with pytest.raises(ValueError, match="p must be >= 2"):
+        pp.run_torch_pipelining(p=1)
+    with pytest.raises(ValueError, match="schedule must be one of"):
+        pp.run_torch_pipelining("interleaved")
 
 
 # -- live ranks ---------------------------------------------------------------------------
 
 def test_lecture_forward_equals_unsharded_mlp(ranks, ref):
     out = pp.run_lecture_forward(2, 4, ranks=ranks)
-    torch.testing.assert_close(out, ref["output"])
+    torch.testing.assert_close(out, ref.output)
 
 
 @pytest.mark.parametrize("schedule,p", [("gpipe", 2), ("1f1b", 2), ("interleaved", 2),
@@ -113,6 +137,40 @@ def test_gradients_equal_single_process(ranks, ref, schedule, p):
     assert run.peak_live == [peak_live(make_plan(schedule, p, m, r, run.v)) for r in range(p)]
 
 
+def two_pipelines_rank(rank, world_size, schedule, m):
+    """Ranks {0, 1} and {2, 3} each run their own 2-stage pipeline (compute mode) and the
+    lecture's forward, at the same time, in one world of 4."""
+    group = split_groups([[0, 1], [2, 3]])
+    log = pp.pipeline_rank(rank, world_size, schedule, m, 1, "compute", pp.T_F, 2 * pp.T_F,
+                           group=group)
+    return log, pp.lecture_forward(rank, world_size, m, group=group)
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+def test_two_pipelines_side_by_side_in_subgroups(ranks, ref, schedule):
+    m = 4
+    results = ranks.resize(4).run(two_pipelines_rank, schedule, m)
+    for pair in ([0, 1], [2, 3]):
+        run = pp.PipelineRun.from_logs(schedule, m, 1, "compute", [results[r][0] for r in pair])
+        pp.check_gradients(run, ref)  # loss and every layer's gradient
+        check_event_log(run.events, 2, m)
+        assert {e.rank for e in run.events} == {0, 1}  # stages are group ranks
+        assert results[pair[0]][1] is None
+        torch.testing.assert_close(results[pair[1]][1], ref.output)
+
+
+def torch_pipelining_pairs_rank(rank, world_size, schedule, m):
+    group = split_groups([[0, 1], [2, 3]])
+    return pp.torch_pipelining_rank(rank, world_size, schedule, m, group=group)
+
+
+def test_torch_pipelining_in_subgroups(ranks, ref):
+    logs = ranks.resize(4).run(torch_pipelining_pairs_rank, "1f1b", 4)
+    for pair in ([0, 1], [2, 3]):
+        run = pp.PipelineRun.from_logs("torch 1f1b", 4, 1, "compute", [logs[r] for r in pair])
+        pp.check_gradients(run, ref)
+
+
 def test_live_activation_counts_in_wait_mode(ranks):
     p, m = 4, 8
     gpipe = pp.run_pipeline("gpipe", p, m, ranks=ranks, mode="wait", t_f=0.004)
@@ -122,8 +180,7 @@ def test_live_activation_counts_in_wait_mode(ranks):
     for run in (gpipe, one_f_one_b):
         check_event_log(run.events, p, m)
         assert 0 < run.bubble_measured < 1
-        waits = [e["end"] - e["start"] for e in run.events]
-        assert min(waits) >= 0.004  # a wait never ends early
+        assert min(e.duration for e in run.events) >= 0.004  # a wait never ends early
 
 
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
@@ -139,31 +196,53 @@ def test_torch_pipelining_on_nccl(ref):
     pp.check_gradients(run, ref)
 
 
-# -- the widget's callback at its slider extremes -------------------------------------------
+def test_bubble_sweep_and_its_plot(ranks):
+    runs = pp.bubble_sweep(ranks, ps=(2,), ms=(1, 4), t_f=0.004)
+    assert [(r.p, r.m, r.mode) for r in runs] == [(2, 1, "wait"), (2, 4, "wait")]
+    fig = plot_bubble_sweep(runs)
+    assert len(fig.axes[0].lines) == 2  # one curve and one set of dots per p
+    plt.close(fig)
+    with pytest.raises(ValueError, match="ranks must be"):
+        pp.bubble_sweep(None)
+
+
+# -- the widget's runs at its slider extremes ---------------------------------------------
 
 EXTREMES = [(2, 1, "gpipe"), (2, 16, "1f1b"), (8, 1, "1f1b"), (8, 16, "gpipe"),
             (2, 16, "interleaved"), (8, 8, "interleaved")]
 
 
 @pytest.mark.parametrize("p,m,schedule", EXTREMES)
-def test_explore_pipeline_simulated(p, m, schedule):
-    fig, ax = plt.subplots()
-    run, text = pp.explore_pipeline(p, m, schedule, ranks=None, ax=ax)
+def test_timed_schedule_simulated(p, m, schedule):
+    run = pp.timed_schedule(schedule, p, m)
+    assert run.mode == "simulated" and run.bubble_measured == pytest.approx(run.bubble_theory)
+    fig = plot_gantt(run.events, p)
+    assert len(fig.axes[0].patches) == len(run.events)
     plt.close(fig)
-    assert run.bubble_measured == pytest.approx(run.bubble_theory)
-    assert f"p={p} m={m}" in text and len(ax.patches) == len(run.events)
 
 
 @pytest.mark.parametrize("p,m,schedule", [(2, 1, "gpipe"), (8, 16, "interleaved")])
-def test_explore_pipeline_live(ranks, p, m, schedule):
-    fig, ax = plt.subplots()
-    run, text = pp.explore_pipeline(p, m, schedule, ranks=ranks, t_f=0.004, ax=ax)
-    plt.close(fig)
+def test_timed_schedule_live(ranks, p, m, schedule):
+    run = pp.timed_schedule(schedule, p, m, ranks=ranks, t_f=0.004)
     check_event_log(run.events, p, m, run.v)
     assert run.mode == "wait" and 0 < run.bubble_measured < 1
-    assert len(ax.patches) == len(run.events)
+    fig = plot_runs([run])
+    assert len(fig.axes[0].patches) == len(run.events) and f"p={p} m={m}" in fig.axes[0].get_title()
+    plt.close(fig)
 
 
-def test_explore_pipeline_rejects_bad_interleaving():
-    with pytest.raises(ValueError, match="multiple of p"):
-        pp.explore_pipeline(8, 4, "interleaved")
+def test_timed_schedule_rejects_bad_interleaving():
+    with pytest.raises(ValueError, match="m must be a multiple of 8"):
+        pp.timed_schedule("interleaved", 8, 4)
+
+
+def test_widget_at_its_extremes(capsys):
+    widget = widget_pipeline(ranks=None)  # simulated: the same callback, no processes
+    p, m, schedule = widget.children[0].children
+    assert p.max == MAX_WIDGET_WORLD_SIZE
+    for p_value, m_value, name in EXTREMES + [(8, 4, "interleaved")]:
+        p.value, m.value, schedule.value = p_value, m_value, name
+    shown = capsys.readouterr().out
+    assert "gpipe p=8 m=16 (simulated)" in shown and "interleaved p=8 m=8, v=2" in shown
+    assert "not a valid pipeline: m must be a multiple of 8" in shown
+    assert plt.get_fignums() == []  # every figure drawn was closed

@@ -1,20 +1,20 @@
-"""Pipeline schedules as plain lists, and the arithmetic of the bubble. No processes here.
+"""Pipeline schedules as plain lists, an event-driven simulator, and the checks every event log
+must pass. No processes here (the bubble arithmetic is `helpers.cost.bubble`).
 
 A schedule is, for every rank, the ordered list of work it does: `Action("F", chunk, mb)`
 runs the forward of micro-batch `mb` through the rank's `chunk`-th piece of the model,
 `Action("B", chunk, mb)` its backward. With v chunks per rank the model is cut into p·v
 stages and rank r holds stages r, p + r, 2p + r, ... (v = 1 for GPipe and 1F1B).
-
-Everything a process-free reader or test needs lives here: the schedules, an event-driven
-simulator that plays them with fixed durations, the theory `(p−1)/(v·m + p−1)`, and the
-*measured* bubble of an event log, whether simulated or recorded on live ranks.
+A run, simulated here or recorded on live ranks, is a list of `Event`s.
 """
 from __future__ import annotations
 
-from typing import Iterable, NamedTuple
+from dataclasses import dataclass, replace
+from typing import NamedTuple
 
-SCHEDULES = ("gpipe", "1f1b", "interleaved")
-MODES = ("compute", "wait")
+from helpers.checks import check_choice, check_divisible, check_int
+
+PIPELINE_SCHEDULES = ("gpipe", "1f1b", "interleaved")
 
 
 class Action(NamedTuple):
@@ -23,33 +23,46 @@ class Action(NamedTuple):
     mb: int     # micro-batch index
 
 
-# ------------------------------------------------------------------------------------------
-# Argument checks: one clear error, in the parent, before any process starts.
-# ------------------------------------------------------------------------------------------
+class Step(NamedTuple):
+    """An action on a given rank of the pipeline."""
+    rank: int
+    action: Action
 
-def _check_int(name: str, value, low: int, high: int | None = None) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    if value < low or (high is not None and value > high):
-        allowed = f">= {low}" if high is None else f"between {low} and {high}"
-        raise ValueError(f"{name} must be {allowed}, got {value}")
-    return value
+
+@dataclass(frozen=True)
+class Event:
+    """One forward or backward as it ran on one rank: `start` and `end` in seconds."""
+    rank: int
+    kind: str   # "F" or "B"
+    chunk: int
+    mb: int
+    start: float
+    end: float
+
+    @property
+    def action(self) -> Action:
+        return Action(self.kind, self.chunk, self.mb)
+
+    @property
+    def duration(self) -> float:
+        return self.end - self.start
+
+    def shifted(self, t0: float) -> "Event":
+        """The same event on a clock that reads 0 at `t0`."""
+        return replace(self, start=self.start - t0, end=self.end - t0)
 
 
 def check_schedule_args(p, m, schedule: str = "1f1b", v: int | None = None) -> int:
     """Validate (p, m, schedule, v); return v (1 unless the schedule is interleaved)."""
-    if schedule not in SCHEDULES:
-        raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
-    _check_int("p", p, 1)
-    _check_int("m", m, 1)
+    check_choice("schedule", schedule, PIPELINE_SCHEDULES)
+    check_int("p", p)
+    check_int("m", m)
     if schedule != "interleaved":
         if v not in (None, 1):
             raise ValueError(f"v (chunks per rank) must be 1 for schedule={schedule!r}, got {v}")
         return 1
-    v = _check_int("v", 2 if v is None else v, 1)
-    if m % p:
-        raise ValueError(f"m must be a multiple of p for the interleaved schedule "
-                         f"(micro-batches go round in groups of p), got m={m}, p={p}")
+    v = check_int("v", 2 if v is None else v)
+    check_divisible("m", m, p, "the interleaved schedule sends micro-batches round in groups of p")
     return v
 
 
@@ -108,35 +121,8 @@ def stage_of(action: Action, rank: int, p: int) -> int:
 
 
 # ------------------------------------------------------------------------------------------
-# Theory and measurement.
+# Memory, consistency and the simulator.
 # ------------------------------------------------------------------------------------------
-
-def bubble_theory(p: int, m: int, v: int = 1) -> float:
-    """Idle fraction of the pipeline: (p−1)/(v·m + p−1); (p−1)/(m+p−1) without interleaving.
-
-    Every rank does m·(t_F + t_B) of work and the schedule lasts (m + p − 1)·(t_F + t_B)
-    (with v chunks, each of 1/v the work, the ramp shrinks to (p−1)·(t_F + t_B)/v). The ratio
-    does not depend on t_B/t_F, so B = 2F (as in real backward passes) gives the same bubble.
-    """
-    return (p - 1) / (v * m + p - 1)
-
-
-def measured_bubble(events: Iterable[dict], p: int) -> float:
-    """The fraction of rank-time spent idle during the whole schedule.
-
-    span = (last end on any rank) − (first start on any rank); busy = the summed durations
-    of every F and B on every rank; bubble = 1 − busy / (p · span). This is exactly the
-    quantity `bubble_theory` computes: each rank's idle time inside the *global* span,
-    averaged over ranks (not each rank's own first-start-to-last-end window, which would
-    hide the ramp-up of the later ranks).
-    """
-    events = list(events)
-    if not events:
-        raise ValueError("events must not be empty")
-    span = max(e["end"] for e in events) - min(e["start"] for e in events)
-    busy = sum(e["end"] - e["start"] for e in events)
-    return 1.0 - busy / (p * span)
-
 
 def peak_live(plan: list[Action]) -> int:
     """Most (chunk, micro-batch) pairs whose forward ran and whose backward has not."""
@@ -160,8 +146,8 @@ def check_plans(plans: list[list[Action]], m: int, v: int) -> None:
             seen.add(tuple(a))
 
 
-def dependency(action: Action, rank: int, p: int, v: int) -> tuple[int, Action] | None:
-    """The (rank, action) whose output this action consumes, or None for the pipeline's ends.
+def dependency(action: Action, rank: int, p: int, v: int) -> Step | None:
+    """The step (rank, action) whose output this action consumes, or None for the pipeline's ends.
 
     A forward needs the previous stage's forward of the same micro-batch; a backward needs
     the next stage's backward (the last stage starts its backward from its own loss).
@@ -171,23 +157,23 @@ def dependency(action: Action, rank: int, p: int, v: int) -> tuple[int, Action] 
         if stage == 0:
             return None
         prev = stage - 1
-        return prev % p, Action("F", prev // p, action.mb)
+        return Step(prev % p, Action("F", prev // p, action.mb))
     if stage == last:
         return None
     nxt = stage + 1
-    return nxt % p, Action("B", nxt // p, action.mb)
+    return Step(nxt % p, Action("B", nxt // p, action.mb))
 
 
 def simulate(schedule: str, p: int, m: int, t_f: float = 1.0, t_b: float = 2.0,
-             v: int | None = None, latency: float = 0.0) -> list[dict]:
+             v: int | None = None, latency: float = 0.0) -> list[Event]:
     """Play a schedule with fixed durations (F takes t_f, B t_b, each split over v chunks) and
     return the event log a live run would record. Raises if the schedule deadlocks."""
     v = check_schedule_args(p, m, schedule, v)
     plans = [make_plan(schedule, p, m, r, v) for r in range(p)]
     check_plans(plans, m, v)
-    done: dict[tuple[int, Action], float] = {}
+    done: dict[Step, float] = {}
     nxt, free = [0] * p, [0.0] * p
-    events: list[dict] = []
+    events: list[Event] = []
     progress = True
     while progress:
         progress = False
@@ -199,9 +185,8 @@ def simulate(schedule: str, p: int, m: int, t_f: float = 1.0, t_b: float = 2.0,
                     break  # waits for a peer; try the other ranks first
                 ready = free[r] if dep is None else max(free[r], done[dep] + latency)
                 end = ready + (t_f if a.kind == "F" else t_b) / v
-                events.append({"rank": r, "kind": a.kind, "chunk": a.chunk, "mb": a.mb,
-                               "start": ready, "end": end})
-                done[(r, a)], free[r], nxt[r] = end, end, nxt[r] + 1
+                events.append(Event(r, a.kind, a.chunk, a.mb, ready, end))
+                done[Step(r, a)], free[r], nxt[r] = end, end, nxt[r] + 1
                 progress = True
     if any(n < len(plan) for n, plan in zip(nxt, plans)):
         stuck = [r for r in range(p) if nxt[r] < len(plans[r])]
@@ -209,25 +194,26 @@ def simulate(schedule: str, p: int, m: int, t_f: float = 1.0, t_b: float = 2.0,
     return events
 
 
-def check_event_log(events: list[dict], p: int, m: int, v: int = 1) -> None:
+def check_event_log(events: list[Event], p: int, m: int, v: int = 1) -> None:
     """What any real run must satisfy: every F and B once per rank, no two at a time on one
     rank, and no action starting before the output it consumes was produced."""
     by_key = {}
     for e in events:
-        key = (e["rank"], Action(e["kind"], e["chunk"], e["mb"]))
+        key = Step(e.rank, e.action)
         if key in by_key:
             raise AssertionError(f"duplicate event {key}")
-        if not e["end"] >= e["start"]:
+        if not e.end >= e.start:
             raise AssertionError(f"event ends before it starts: {e}")
         by_key[key] = e
     if len(by_key) != 2 * p * v * m:
         raise AssertionError(f"expected {2 * p * v * m} events, got {len(by_key)}")
     for r in range(p):
-        mine = sorted((e for e in events if e["rank"] == r), key=lambda e: e["start"])
+        mine = sorted((e for e in events if e.rank == r), key=lambda e: e.start)
         for a, b in zip(mine, mine[1:]):
-            if b["start"] < a["end"]:
+            if b.start < a.end:
                 raise AssertionError(f"rank {r} overlaps {a} and {b}")
-    for (r, a), e in by_key.items():
-        dep = dependency(a, r, p, v)
-        if dep is not None and e["start"] < by_key[dep]["end"]:
-            raise AssertionError(f"{a} on rank {r} started before {dep[1]} on rank {dep[0]} ended")
+    for step, e in by_key.items():
+        dep = dependency(step.action, step.rank, p, v)
+        if dep is not None and e.start < by_key[dep].end:
+            raise AssertionError(f"{step.action} on rank {step.rank} started before "
+                                 f"{dep.action} on rank {dep.rank} ended")
