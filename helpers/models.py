@@ -114,7 +114,7 @@ class TransformerConfig:
         for name in ("vocab", "hidden", "heads", "layers", "seq", "batch"):
             check_int(name, getattr(self, name))
         check_int("seed", self.seed, low=0)
-        check_divisible("hidden", self.hidden, self.heads, "each of the heads gets hidden/heads dims")
+        check_divisible("hidden", self.hidden, self.heads, "every head gets hidden/heads dims")
 
     def with_(self, **changes) -> "TransformerConfig":
         """A copy with some fields changed (validated like the original)."""
@@ -131,8 +131,8 @@ class TransformerConfig:
 
     @property
     def parameters(self) -> int:
-        """Ψ: embeddings (V·h + s·h), per block 12·h² + 4·h (Q, K, V, out: 4·h²; MLP: 8·h²;
-        two LayerNorms: 4·h), final LayerNorm 2·h, LM head h·V."""
+        """Ψ: embeddings V·h + s·h; per block 12·h² + 4·h (Q, K, V, out: 4·h²; MLP: 8·h²;
+        two LayerNorms: 4·h); final LayerNorm 2·h; LM head h·V."""
         h = self.hidden
         return (self.vocab * h + self.seq * h + self.layers * (12 * h * h + 4 * h)
                 + 2 * h + h * self.vocab)
@@ -142,7 +142,7 @@ TRANSFORMER = TransformerConfig()
 
 
 def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, heads: int) -> torch.Tensor:
-    """Causal multi-head attention of (b, s, heads·d) queries, keys and values → (b, s, heads·d).
+    """Causal multi-head attention: (b, s, heads·d) queries, keys, values → (b, s, heads·d).
 
     Heads are independent, so a tensor-parallel rank calls this on its own slice of the
     columns with `heads // t` heads and gets its slice of the output.
@@ -323,7 +323,8 @@ class TransformerFlops:
 
 
 def transformer_flops(config: TransformerConfig = TRANSFORMER) -> TransformerFlops:
-    """Forward FLOPs per step of `make_transformer(config)` on `make_tokens(config)` (arithmetic only)."""
+    """Forward FLOPs per step of `make_transformer(config)` on `make_tokens(config)`
+    (arithmetic only)."""
     n, h, s = config.tokens, config.hidden, config.seq
     return TransformerFlops(block_linears=24 * n * h * h, block_attention=4 * n * s * h,
                             head=2 * n * h * config.vocab, layers=config.layers)

@@ -6,6 +6,10 @@ from helpers.ranks import LiveRanks
 from tests import rank_fns
 
 
+def NAME(mesh):  # test ids
+    return f"d{mesh.d}t{mesh.t}p{mesh.p}"
+
+
 def test_tp_varies_fastest_then_dp_then_pp():
     mesh = Mesh(d=2, t=2, p=2)
     assert mesh.world == 8 and mesh.shape == (2, 2, 2) and Mesh.names == ("pp", "dp", "tp")
@@ -18,7 +22,7 @@ def test_tp_varies_fastest_then_dp_then_pp():
     assert mesh.groups_of(6) == Groups(dp=[4, 6], tp=[6, 7], pp=[2, 6])
 
 
-@pytest.mark.parametrize("mesh", factorizations(12) + [Mesh(3, 1, 1), Mesh(1, 1, 1)], ids=lambda m: f"d{m.d}t{m.t}p{m.p}")
+@pytest.mark.parametrize("mesh", factorizations(12) + [Mesh(3, 1, 1), Mesh(1, 1, 1)], ids=NAME)
 def test_coordinates_and_groups_are_consistent(mesh):
     assert [mesh.rank(*mesh.coords(r)) for r in range(mesh.world)] == list(range(mesh.world))
     for dim, blocks in zip(Groups._fields, mesh.groups()):
@@ -54,7 +58,7 @@ def live():
         yield ranks
 
 
-@pytest.mark.parametrize("mesh", factorizations(4) + [Mesh(2, 2, 2)], ids=lambda m: f"d{m.d}t{m.t}p{m.p}")
+@pytest.mark.parametrize("mesh", factorizations(4) + [Mesh(2, 2, 2)], ids=NAME)
 def test_groups_on_live_ranks_equal_device_mesh_groups(live, mesh):
     live.resize(mesh.world)
     got = live.run(rank_fns.mesh_against_device_mesh, mesh.d, mesh.t, mesh.p)
@@ -75,3 +79,23 @@ def test_a_wrong_world_is_refused_on_the_ranks(live):
     live.resize(4)
     with pytest.raises(Exception, match=r"world_size must be d·t·p = 2·2·2 = 8, got 4"):
         live.run(place, 2, 2, 2)
+
+
+@pytest.mark.parametrize("mesh", [Mesh(2, 2, 2), Mesh(4, 1, 1), Mesh(1, 1, 1)], ids=NAME)
+def test_plot_mesh_draws_every_rank_and_every_link(mesh):
+    import matplotlib
+    matplotlib.use("Agg")
+    from matplotlib.figure import Figure
+    from matplotlib.patches import FancyArrowPatch
+
+    from helpers.views.mesh import plot_mesh
+    fig = plot_mesh(mesh)
+    assert isinstance(fig, Figure)
+    ax = fig.axes[0]
+    labels = {text.get_text() for text in ax.texts}
+    assert {str(r) for r in range(mesh.world)} <= labels
+    arrows = [a for a in ax.patches if isinstance(a, FancyArrowPatch)]
+    assert len(arrows) == (mesh.p - 1) * mesh.d * mesh.t          # one per PP hop
+    assert len(ax.lines) == (mesh.d - 1) * mesh.t * mesh.p        # one per DP neighbour pair
+    assert len(ax.get_legend().get_texts()) == 3
+    matplotlib.pyplot.close(fig)
