@@ -80,3 +80,251 @@ def mlp_loss(output: torch.Tensor, numel: int | None = None) -> torch.Tensor:
     Σ y² / numel then add up across ranks to the loss of the whole batch.
     """
     return output.square().sum() / (output.numel() if numel is None else numel)
+
+
+# ----------------------------------------------------------------------------------------
+# Notebook 07's model: a small GPT-style decoder, for 3-D (data × tensor × pipeline) parallelism.
+# ----------------------------------------------------------------------------------------
+#
+# Built to be cut up: `embed` (token + position), `blocks` (an nn.ModuleList a pipeline slices
+# into stages), `head` (final LayerNorm + LM head). Inside a block every matmul is its own
+# nn.Linear with a name (attn.q/k/v/out, mlp.up/down), so tensor parallelism can swap Q, K, V
+# and `up` for column-parallel Linears and `out` and `down` for row-parallel ones, and call
+# `causal_attention` on its local heads.
+# (Imports here, not at the top: this section was added at the end of a shared file;
+# hoist them when merging.)
+from typing import NamedTuple  # noqa: E402
+
+from helpers.checks import check_divisible  # noqa: E402
+
+@dataclass(frozen=True)
+class TransformerConfig:
+    """Sizes and seed of notebook 07's decoder. The defaults run a forward + backward on one
+    CPU core in a fraction of a second; the lecture's MLP sizes are one `with_` away,
+    e.g. `TransformerConfig().with_(hidden=LECTURE.hidden, layers=LECTURE.layers)`."""
+    vocab: int = 1024     # V: token ids 0 … V−1
+    hidden: int = 256     # h: the residual stream's width
+    heads: int = 4        # attention heads; each gets h / heads dimensions
+    layers: int = 4       # L: decoder blocks
+    seq: int = 128        # s: tokens per sequence (and the positional table's length)
+    batch: int = 8        # sequences in the full batch (the global batch, before any split)
+    seed: int = 0         # weights use it; the tokens use seed + 1
+
+    def __post_init__(self):
+        for name in ("vocab", "hidden", "heads", "layers", "seq", "batch"):
+            check_int(name, getattr(self, name))
+        check_int("seed", self.seed, low=0)
+        check_divisible("hidden", self.hidden, self.heads, "every head gets hidden/heads dims")
+
+    def with_(self, **changes) -> "TransformerConfig":
+        """A copy with some fields changed (validated like the original)."""
+        return replace(self, **changes)
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+    @property
+    def tokens(self) -> int:
+        """n = batch · s, the tokens of one step."""
+        return self.batch * self.seq
+
+    @property
+    def parameters(self) -> int:
+        """Ψ: embeddings V·h + s·h; per block 12·h² + 4·h (Q, K, V, out: 4·h²; MLP: 8·h²;
+        two LayerNorms: 4·h); final LayerNorm 2·h; LM head h·V."""
+        h = self.hidden
+        return (self.vocab * h + self.seq * h + self.layers * (12 * h * h + 4 * h)
+                + 2 * h + h * self.vocab)
+
+
+TRANSFORMER = TransformerConfig()
+
+
+def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, heads: int) -> torch.Tensor:
+    """Causal multi-head attention: (b, s, heads·d) queries, keys, values → (b, s, heads·d).
+
+    Heads are independent, so a tensor-parallel rank calls this on its own slice of the
+    columns with `heads // t` heads and gets its slice of the output.
+    """
+    b, s, width = q.shape
+
+    def split(x):  # (b, s, heads·d) → (b, heads, s, d)
+        return x.view(b, s, heads, width // heads).transpose(1, 2)
+
+    out = nn.functional.scaled_dot_product_attention(split(q), split(k), split(v), is_causal=True)
+    return out.transpose(1, 2).reshape(b, s, width)
+
+
+# No biases in the block's Linears: a row-parallel Linear would have to add its bias once
+# after the all-reduce rather than on each of the t ranks; without them every Linear is one
+# matmul that splits cleanly.
+class Attention(nn.Module):
+    """Separate Q, K, V Linears (not one fused QKV): column-splitting each of them hands a TP
+    rank whole heads of q, k and v, with no re-interleaving of a fused weight."""
+
+    def __init__(self, config: TransformerConfig):
+        super().__init__()
+        h = config.hidden
+        self.heads = config.heads
+        self.q, self.k, self.v = (nn.Linear(h, h, bias=False) for _ in range(3))
+        self.out = nn.Linear(h, h, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(causal_attention(self.q(x), self.k(x), self.v(x), self.heads))
+
+
+class FeedForward(nn.Module):
+    """h → 4h → GELU → h."""
+
+    def __init__(self, config: TransformerConfig):
+        super().__init__()
+        self.up = nn.Linear(config.hidden, 4 * config.hidden, bias=False)
+        self.down = nn.Linear(4 * config.hidden, config.hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down(nn.functional.gelu(self.up(x)))
+
+
+class Block(nn.Module):
+    """Pre-norm decoder block: x + attn(LN(x)), then x + mlp(LN(x))."""
+
+    def __init__(self, config: TransformerConfig):
+        super().__init__()
+        self.attn_norm = nn.LayerNorm(config.hidden)
+        self.attn = Attention(config)
+        self.mlp_norm = nn.LayerNorm(config.hidden)
+        self.mlp = FeedForward(config)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.attn_norm(x))
+        return x + self.mlp(self.mlp_norm(x))
+
+
+class Embed(nn.Module):
+    """Token ids (b, s') → token embedding + learned position embedding (b, s', h), s' ≤ s."""
+
+    def __init__(self, config: TransformerConfig):
+        super().__init__()
+        self.tokens = nn.Embedding(config.vocab, config.hidden)
+        self.positions = nn.Embedding(config.seq, config.hidden)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        where = torch.arange(ids.shape[1], device=ids.device)
+        return self.tokens(ids) + self.positions(where)
+
+
+class Head(nn.Module):
+    """Final LayerNorm and the LM head, (b, s, h) → logits (b, s, V).
+
+    Untied from the token embedding: tying would make the first and the last pipeline stage
+    share one weight (its gradient summed across them every step) and force the embedding
+    into the head's tensor-parallel split; untied, each stage and each split owns its weights.
+    """
+
+    def __init__(self, config: TransformerConfig):
+        super().__init__()
+        self.norm = nn.LayerNorm(config.hidden)
+        self.out = nn.Linear(config.hidden, config.vocab, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(self.norm(x))
+
+
+class Transformer(nn.Module):
+    """embed → blocks[0] … blocks[L−1] → head."""
+
+    def __init__(self, config: TransformerConfig):
+        super().__init__()
+        self.config = config
+        self.embed = Embed(config)
+        self.blocks = nn.ModuleList(Block(config) for _ in range(config.layers))
+        self.head = Head(config)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        x = self.embed(ids)
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x)
+
+
+def make_transformer(config: TransformerConfig = TRANSFORMER) -> Transformer:
+    """The decoder with GPT-2's initialisation, drawn from `config.seed` alone.
+
+    Every weight matrix and embedding ~ N(0, 0.02²), the two projections that write into the
+    residual stream (attn.out, mlp.down) scaled by 1/√(2L); LayerNorms start at 1 and 0. The
+    same config gives the same weights in every process, and the global RNG is not touched
+    (the modules are built on the meta device, then filled in a fixed order).
+    """
+    with torch.device("meta"):
+        model = Transformer(config)
+    model.to_empty(device="cpu")
+    generator = torch.Generator().manual_seed(config.seed)
+    residual = 0.02 / math.sqrt(2 * config.layers)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "norm" in name:
+                param.fill_(1.0 if name.endswith("weight") else 0.0)
+            else:
+                std = residual if name.endswith(("attn.out.weight", "mlp.down.weight")) else 0.02
+                param.copy_(torch.randn(param.shape, generator=generator) * std)
+    return model
+
+
+class Tokens(NamedTuple):
+    """A batch of token ids: `inputs` (batch, s) and `targets`, the same sequences shifted by
+    one (targets[:, i] is the token after inputs[:, i])."""
+    inputs: torch.Tensor
+    targets: torch.Tensor
+
+
+def make_tokens(config: TransformerConfig = TRANSFORMER) -> Tokens:
+    """The full batch of uniformly random token ids; identical in every process."""
+    # seed + 1: the tokens must not replay the random stream the weights were drawn from
+    generator = torch.Generator().manual_seed(config.seed + 1)
+    ids = torch.randint(config.vocab, (config.batch, config.seq + 1), generator=generator)
+    return Tokens(ids[:, :-1], ids[:, 1:])
+
+
+def lm_loss(logits: torch.Tensor, targets: torch.Tensor, numel: int | None = None) -> torch.Tensor:
+    """Next-token cross-entropy, the mean over tokens of −log softmax(logits)[target].
+
+    A rank holding only some of the tokens (a DP shard, a micro-batch) passes the whole batch's
+    token count as `numel`: the pieces Σ CE / numel then add up to the loss of the whole batch.
+    At initialisation the loss is about ln V (the logits are near zero, every token equally likely).
+    """
+    total = nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
+                                        targets.reshape(-1), reduction="sum")
+    return total / (targets.numel() if numel is None else numel)
+
+
+@dataclass(frozen=True)
+class TransformerFlops:
+    """Forward FLOPs of one step (the whole batch), by part; a matmul (m×k)·(k×n) is 2·m·n·k.
+
+    With n = batch·s tokens: one block's Linears are 24·n·h² (Q, K, V, out: 8·n·h²; MLP:
+    16·n·h²), its attention 4·n·s·h (QKᵀ and AV over the full s×s scores: the math kernel
+    computes the masked half too), the LM head 2·n·h·V. LayerNorm, GELU, softmax and the
+    embedding lookups are not matmuls and are not counted. Backward is about 2× forward.
+    """
+    block_linears: int
+    block_attention: int
+    head: int
+    layers: int
+
+    @property
+    def block(self) -> int:
+        """One decoder block: what a pipeline stage pays per block it holds."""
+        return self.block_linears + self.block_attention
+
+    @property
+    def total(self) -> int:
+        return self.layers * self.block + self.head
+
+
+def transformer_flops(config: TransformerConfig = TRANSFORMER) -> TransformerFlops:
+    """Forward FLOPs per step of `make_transformer(config)` on `make_tokens(config)`
+    (arithmetic only)."""
+    n, h, s = config.tokens, config.hidden, config.seq
+    return TransformerFlops(block_linears=24 * n * h * h, block_attention=4 * n * s * h,
+                            head=2 * n * h * config.vocab, layers=config.layers)

@@ -43,3 +43,17 @@ def exit_hard(rank, world_size):
     if rank == 0:
         os._exit(3)
     dist.barrier()
+
+
+def mesh_against_device_mesh(rank, world_size, d, t, p):
+    """helpers.parallel.mesh's groups next to torch's DeviceMesh groups, as global rank lists."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from helpers.parallel.mesh import Groups, Mesh, build_groups
+    mesh = Mesh(d, t, p)
+    ours = build_groups(mesh)
+    device_mesh = init_device_mesh("cpu", mesh.shape, mesh_dim_names=Mesh.names)
+    return {"ours": Groups(*(dist.get_process_group_ranks(g) for g in ours)),
+            "torch": Groups(*(dist.get_process_group_ranks(device_mesh.get_group(name))
+                              for name in Groups._fields)),
+            "torch_coords": device_mesh.get_coordinate()}
