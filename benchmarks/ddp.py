@@ -27,7 +27,8 @@ import argparse
 import json
 import statistics
 
-from helpers.parallel import dp as ddp
+from helpers.models import MLPConfig
+from helpers.parallel import dp
 from helpers.ranks import LiveRanks, cpu_cores, threads_per_rank
 from helpers.timing import Measurement
 
@@ -52,7 +53,7 @@ def main(argv=None) -> dict:
     args = parser.parse_args(argv)
     if args.repeat < 1:
         parser.error("--repeat must be >= 1")
-    model = dict(hidden=args.hidden, layers=args.layers, batch=args.batch)
+    config = MLPConfig(batch=args.batch, hidden=args.hidden, layers=args.layers)
     grad_mib = args.hidden * args.hidden * args.layers * 4 / 2**20
     print(f"MLP {args.layers} x {args.hidden} (batch {args.batch}): {grad_mib:.0f} MiB of fp32 "
           f"gradients in {args.layers} tensors; gloo on loopback; {cpu_cores()} CPU cores")
@@ -65,8 +66,8 @@ def main(argv=None) -> dict:
             configs = configurations()
             # One step of each variant in turn, all models alive at once: a shared machine's
             # load, which changes from second to second, then slows every variant alike.
-            per_rank = ranks.run(ddp.time_interleaved, [(v, mb or 25.0) for v, mb in configs],
-                                 repeat=args.repeat, warmup=2, **model)
+            per_rank = ranks.run(dp.time_interleaved, [(v, mb or 25.0) for v, mb in configs],
+                                 config, repeat=args.repeat, warmup=2)
             times = dict(zip(configs, per_rank[0]))  # the barrier makes ranks agree
             compute = statistics.median(times[("compute", None)])
             for (variant, mb), ts in times.items():

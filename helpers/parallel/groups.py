@@ -64,3 +64,25 @@ def all_reduce_mean(tensor: torch.Tensor, group=None) -> torch.Tensor:
         dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=group)
         tensor /= dist.get_world_size(group)
     return tensor
+
+
+class PendingMean:
+    """An asynchronous `all_reduce_mean` in flight: the sum travels now, `wait()` divides.
+
+    `work` is the collective's handle (its `get_future()` tells when the data has arrived).
+    """
+
+    def __init__(self, work, tensor: torch.Tensor, size: int):
+        self.work, self.tensor, self.size = work, tensor, size
+
+    def wait(self) -> torch.Tensor:
+        self.work.wait()
+        self.tensor /= self.size
+        return self.tensor
+
+
+def all_reduce_mean_async(tensor: torch.Tensor, group=None) -> PendingMean:
+    """`all_reduce_mean` without blocking: SUM launched asynchronously, divided by the group
+    size on `wait()` (so it runs on every backend, like all_reduce_mean's fallback)."""
+    work = dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=group, async_op=True)
+    return PendingMean(work, tensor, dist.get_world_size(group))
