@@ -132,6 +132,7 @@ def layer_times(t: int, hidden: int, hardware: TPHardware, tokens: int,
     """Compute (6·tokens·h²/t FLOP: forward 2, backward 4) and communication (the layout's
     collectives per layer, each of one full activation, priced by `alpha_beta.predict`).
     Nothing is overlapped: Megatron's all-reduces sit on the critical path."""
+    check_choice("layout", layout, LAYOUTS)
     check_degree(t, hidden)
     check_int("tokens", tokens)
     compute = 6 * tokens * hidden**2 / t / hardware.flops
