@@ -238,38 +238,28 @@ class _GatherLastDim(torch.autograd.Function):
         return my_slice(grad, dim=-1, group=ctx.group), None
 
 
-class _GatherTokens(torch.autograd.Function):
-    """Sequence parallel: all-gather token shards forward; reduce-scatter backward."""
+class _Tokens(torch.autograd.Function):
+    """Sequence parallel, both conjugates: with `gather`, all-gather token shards forward and
+    reduce-scatter backward (every rank's full-sequence gradient is a partial sum: its weight
+    slice only); without, reduce-scatter partial sums to token shards forward, all-gather
+    backward."""
 
     @staticmethod
-    def forward(ctx, x, group):
-        ctx.group = group
-        return all_gather(x, dim=0, phase="forward", group=group)
-
-    @staticmethod
-    def backward(ctx, grad):
-        # Every rank's full-sequence gradient is a partial sum (its weight slice only).
-        return reduce_scatter(grad, dim=0, phase="backward", group=ctx.group), None
-
-
-class _ScatterTokens(torch.autograd.Function):
-    """Sequence parallel: reduce-scatter partial sums to token shards forward; all-gather backward."""
-
-    @staticmethod
-    def forward(ctx, x, group):
-        ctx.group = group
-        return reduce_scatter(x, dim=0, phase="forward", group=group)
+    def forward(ctx, x, group, gather):
+        ctx.group, ctx.gather = group, gather
+        return (all_gather if gather else reduce_scatter)(x, dim=0, phase="forward", group=group)
 
     @staticmethod
     def backward(ctx, grad):
-        return all_gather(grad, dim=0, phase="backward", group=ctx.group), None
+        collective = reduce_scatter if ctx.gather else all_gather
+        return collective(grad, dim=0, phase="backward", group=ctx.group), None, None
 
 
 def f(x, group=None): return _F.apply(x, group)
 def g(x, group=None): return _G.apply(x, group)
 def gather_columns(x, group=None): return _GatherLastDim.apply(x, group)
-def gather_tokens(x, group=None): return _GatherTokens.apply(x, group)
-def scatter_tokens(x, group=None): return _ScatterTokens.apply(x, group)
+def gather_tokens(x, group=None): return _Tokens.apply(x, group, True)
+def scatter_tokens(x, group=None): return _Tokens.apply(x, group, False)
 
 
 # ----------------------------------------------------------------------------------------
