@@ -16,6 +16,7 @@ import argparse
 import json
 import statistics
 
+from helpers.models import LECTURE
 from helpers.parallel import tp
 from helpers.ranks import LiveRanks, cpu_cores, threads_per_rank
 from helpers.timing import Measurement
@@ -26,17 +27,18 @@ ROUNDS = 3
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=12, help="timed steps per layout and t")
-    parser.add_argument("--hidden", type=int, default=1024)
-    parser.add_argument("--batch", type=int, default=128)
-    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--hidden", type=int, default=LECTURE.hidden)
+    parser.add_argument("--batch", type=int, default=LECTURE.batch)
+    parser.add_argument("--layers", type=int, default=LECTURE.layers)
     parser.add_argument("--degrees", type=int, nargs="+", default=[1, 2, 4])
     parser.add_argument("--threads-per-rank", type=int, default=1,
                         help="intra-op threads of each rank while timing (default 1: one rank is "
                              "one device with one core; 0 keeps helpers.ranks' cores/t)")
     args = parser.parse_args(argv)
+    config = LECTURE.with_(batch=args.batch, hidden=args.hidden, layers=args.layers)
     for t in args.degrees:
         for layout in tp.LAYOUTS:
-            tp.check_config(t, args.hidden, args.batch, args.layers, layout)
+            tp.check_config(t, config, layout)
 
     results = []
     with LiveRanks(max(args.degrees)) as ranks:
@@ -51,22 +53,22 @@ def main(argv=None) -> dict:
             times, shares, comms = {}, {}, {}
             for _ in range(ROUNDS):
                 for layout in tp.LAYOUTS:
-                    out = ranks.run(tp.timed_steps, layout, args.batch, args.hidden, args.layers,
+                    out = ranks.run(tp.timed_steps, layout, config,
                                     repeat=max(1, args.repeat // ROUNDS),
                                     threads=args.threads_per_rank or None)[0]
-                    times.setdefault(layout, []).extend(out["measurement"].times_s)
-                    shares.setdefault(layout, []).extend(out["comm_shares"])
-                    comms[layout] = out["comm"]
+                    times.setdefault(layout, []).extend(out.measurement.times_s)
+                    shares.setdefault(layout, []).extend(out.comm_shares)
+                    comms[layout] = out.comm
             for layout in tp.LAYOUTS:
                 m = Measurement(f"{layout} t={t} step", tuple(times[layout]))
                 comm, share = comms[layout], statistics.median(shares[layout])
-                formula = tp.formula_bytes(layout, t, args.batch, args.hidden, args.layers)
+                formula = tp.formula_bytes(layout, t, config)
                 results.append({"layout": layout, "t": t, "step_s": m.median,
-                                "comm_bytes": comm["ring_bytes"], "formula_bytes": formula,
+                                "comm_bytes": comm.ring_bytes, "formula_bytes": formula,
                                 "comm_share": round(share, 4)})
                 base = next(r for r in results if r["layout"] == layout and r["t"] == args.degrees[0])
                 print(f"  {m}  (speedup over t={args.degrees[0]}: {base['step_s'] / m.median:.2f}×); "
-                      f"{comm['calls']} collectives, {comm['ring_bytes']:,} B counted vs "
+                      f"{comm.calls} collectives, {comm.ring_bytes:,} B counted vs "
                       f"{formula:,} B formula; {share:.0%} of the step in collectives")
             lecture, megatron = (next(r for r in results if r["t"] == t and r["layout"] == name)
                                  for name in ("lecture", "megatron"))

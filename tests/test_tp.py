@@ -1,20 +1,22 @@
 """Tensor parallelism (notebook 04): every sharded layout against the unsharded MLP it replaces.
 
 Outputs and every gradient with assert_close, bytes counted against the formula, activations
-kept for backward against the formula, PyTorch's own TP against ours, bad input in the parent.
+kept for backward against the formula, PyTorch's own TP against ours, two tensor-parallel
+groups side by side, bad input in the parent.
 """
-import json
 import multiprocessing as mp
 
 import pytest
 import torch
 
+from helpers.cost.tp import formula_collectives
+from helpers.models import LECTURE, make_batch, make_mlp
 from helpers.parallel import tp
-from helpers.cost import tp as tp_cost
 from helpers.ranks import LiveRanks
 
-B, H, L = 128, 1024, 4  # the lecture's running example
-N_BYTES = B * H * 4     # one fp32 activation
+L = LECTURE.layers
+N_BYTES = LECTURE.batch * LECTURE.hidden * 4     # one fp32 activation
+PAIRS = [[0, 1], [2, 3]]
 
 
 @pytest.fixture(scope="module")
@@ -25,46 +27,69 @@ def ranks():
 
 @pytest.fixture(scope="module")
 def reference():
-    return tp.reference_step(B, H, L)
+    return tp.reference_step()
 
 
 @pytest.mark.parametrize("t", [1, 2, 4])
 def test_lecture_forward_equals_unsharded(ranks, t):
     results = tp.run_lecture_forward(ranks, t)
-    expected = tp.reference_mlp(H, L)(tp.reference_batch(B, H)[0]).detach()
+    expected = make_mlp(LECTURE)(make_batch(LECTURE)).detach()
     for rank, result in enumerate(results):
-        torch.testing.assert_close(result["output"], expected, msg=f"rank {rank}")
-        assert result["local_shape"] == (B, H // t)
+        torch.testing.assert_close(result.output, expected, msg=f"rank {rank}")
+        assert result.local_shape == (LECTURE.batch, LECTURE.hidden // t)
         # One all-gather per layer, its output a full activation: L·(t−1)/t·n bytes.
-        assert result["comm"]["ring_bytes"] == L * (t - 1) * N_BYTES // t
+        assert result.comm.ring_bytes == L * (t - 1) * N_BYTES // t
+
+
+def _check_step(results, layout, reference, t):
+    assert tp.replicas_agree(results, layout)
+    diffs = tp.compare(tp.assemble(results, layout), reference)
+    assert set(diffs) == {"output", "loss", "input grad"} | {
+        f"grad {tp.Param(i, 'weight')}" for i in range(L)}
+    # Bytes handed to torch.distributed (ring convention), per op and pass, on every rank.
+    for result in results:
+        assert result.comm.ring_bytes == tp.formula_bytes(layout, t)
+        assert result.comm.calls_by_op() == (formula_collectives(layout, L) if t > 1 else {})
+        assert result.activation_bytes == tp.formula_activation_bytes(layout, t)
 
 
 @pytest.mark.parametrize("t", [1, 2, 4])
 @pytest.mark.parametrize("layout", tp.LAYOUTS)
 def test_step_output_and_every_gradient_equal_unsharded(ranks, reference, layout, t):
-    results = tp.run_step(ranks, t, layout)
-    assert tp.replicas_agree(results, layout)
-    diffs = tp.compare(tp.assemble(results, layout), reference)
-    assert set(diffs) == {"output", "loss", "input grad"} | {f"grad {2 * i}.weight" for i in range(L)}
+    _check_step(tp.run_step(ranks, t, layout), layout, reference, t)
 
-    # Bytes handed to torch.distributed (ring convention), per op and pass, on every rank.
+
+@pytest.mark.parametrize("layout", tp.LAYOUTS)
+def test_two_groups_side_by_side_each_equal_unsharded(ranks, reference, layout):
+    """4 ranks split into [0, 1] and [2, 3]: each pair runs its own t = 2 step."""
+    ranks.resize(4)
+    results = ranks.run(tp.train_step, layout, LECTURE, blocks=PAIRS)
+    for block in PAIRS:
+        _check_step([results[r] for r in block], layout, reference, 2)
+
+
+def test_two_groups_lecture_forward(ranks):
+    ranks.resize(4)
+    results = ranks.run(tp.lecture_forward, LECTURE, blocks=PAIRS)
+    expected = make_mlp(LECTURE)(make_batch(LECTURE)).detach()
     for result in results:
-        assert result["comm"]["ring_bytes"] == tp.formula_bytes(layout, t, B, H, L)
-        calls = {}
-        for key, entry in result["comm"]["per_op"].items():
-            op, phase = key.split(" (")
-            calls.setdefault(op, [0, 0])[phase == "backward)"] += entry["calls"]
-        expected_calls = ({op: list(c) for op, c in tp.formula_collectives(layout, L).items()}
-                          if t > 1 else {})
-        assert calls == expected_calls
-        assert result["activation_bytes"] == tp.formula_activation_bytes(layout, t, B, H, L)
+        torch.testing.assert_close(result.output, expected)
+        assert result.local_shape == (LECTURE.batch, LECTURE.hidden // 2)
+        assert result.comm.ring_bytes == L * N_BYTES // 2
 
 
 def test_unsharded_activations_match_formula_at_t1(reference):
     # The formula's t = 1 case is the plain MLP: input and pre-GELU of every layer.
     for layout in tp.LAYOUTS:
-        assert tp.formula_activation_bytes(layout, 1, B, H, L) == 2 * L * N_BYTES
-    assert reference["activation_bytes"] == 2 * L * N_BYTES
+        assert tp.formula_activation_bytes(layout, 1) == 2 * L * N_BYTES
+    assert reference.activation_bytes == 2 * L * N_BYTES
+
+
+def test_formula_bytes_by_hand():
+    # lecture 3L(t−1)/t·n, megatron and sequence 2L(t−1)/t·n
+    assert [tp.formula_bytes(layout, 4) for layout in tp.LAYOUTS] == [
+        3 * L * 3 * N_BYTES // 4, 2 * L * 3 * N_BYTES // 4, 2 * L * 3 * N_BYTES // 4]
+    assert all(tp.formula_bytes(layout, 1) == 0 for layout in tp.LAYOUTS)
 
 
 @pytest.mark.parametrize("layout", ["megatron", "sequence"])
@@ -75,19 +100,27 @@ def test_biases_column_and_row_match_nn_linear(ranks, layout):
     tp.compare(tp.assemble(results, layout), tp.reference_step(bias=True))
 
 
+@pytest.mark.parametrize("layout", ["megatron", "sequence"])
+def test_two_groups_with_biases(ranks, layout):
+    ranks.resize(4)
+    results = ranks.run(tp.train_step, layout, LECTURE, bias=True, blocks=PAIRS)
+    expected = tp.reference_step(bias=True)
+    for block in PAIRS:
+        pair = [results[r] for r in block]
+        assert tp.replicas_agree(pair, layout)
+        tp.compare(tp.assemble(pair, layout), expected)
+
+
 @pytest.mark.parametrize("layout", tp.LAYOUTS)
 def test_torch_parallelize_module_matches_helpers(ranks, layout):
     ours = tp.run_step(ranks, 4, layout)
     theirs = tp.run_step(ranks, 4, layout, implementation="torch")
     tp.compare(tp.assemble(theirs, layout), tp.assemble(ours, layout))
     # Same collectives, same number of them.
-    counted = {}
-    for entry_key, entry in ours[0]["comm"]["per_op"].items():
-        op = entry_key.split(" (")[0]
-        counted[op] = counted.get(op, 0) + entry["calls"]
+    counted = {op: sum(calls) for op, calls in ours[0].comm.calls_by_op().items()}
     torch_names = {"all_reduce": "all_reduce", "all_gather_into_tensor": "all_gather",
                    "reduce_scatter_tensor": "reduce_scatter"}
-    assert {torch_names[k]: v for k, v in theirs[0]["collectives"].items()} == counted
+    assert {torch_names[k]: v for k, v in theirs[0].collectives.items()} == counted
 
 
 @pytest.mark.parametrize("t", [1, 2, 4])
@@ -101,32 +134,38 @@ def test_nccl_same_code(t):
         for layout in tp.LAYOUTS:
             results = tp.run_step(live, t, layout)
             tp.compare(tp.assemble(results, layout), tp.reference_step(), **tp.TOLERANCES["nccl"])
-            assert results[0]["comm"]["ring_bytes"] == tp.formula_bytes(layout, t, B, H, L)
+            assert results[0].comm.ring_bytes == tp.formula_bytes(layout, t)
 
 
 # ---- bad input: one clear error, in the parent, before any process starts -------------------
 
-@pytest.mark.parametrize("kwargs, name", [
-    (dict(t=3, hidden=1024), "hidden"),
-    (dict(t=4, hidden=1022), "hidden"),
-    (dict(t=4, hidden=1024, layers=3, layout="megatron"), "layers"),
-    (dict(t=4, hidden=1024, batch=126, layout="sequence"), "batch"),
-    (dict(t=0, hidden=1024), "t"),
-    (dict(t=4, hidden=1024, layout="diagonal"), "layout"),
+@pytest.mark.parametrize("t, changes, layout, name", [
+    (3, {}, "megatron", "hidden"),
+    (4, dict(hidden=1022), "megatron", "hidden"),
+    (4, dict(layers=3), "megatron", "layers"),
+    (4, dict(batch=126), "sequence", "batch"),
+    (0, {}, "megatron", "t"),
+    (4, {}, "diagonal", "layout"),
 ])
-def test_bad_config_names_the_argument(kwargs, name):
+def test_bad_config_names_the_argument(t, changes, layout, name):
     with pytest.raises(ValueError, match=rf"^{name} must"):
-        tp.check_config(**kwargs)
+        tp.check_config(t, LECTURE.with_(**changes), layout)
+
+
+def test_odd_layers_are_fine_for_the_lecture_layout():
+    tp.check_config(4, LECTURE.with_(layers=3), "lecture")
 
 
 def test_bad_hidden_raises_before_any_process_starts():
     before = set(mp.active_children())
     fresh = LiveRanks(4, backend="gloo")
     try:
-        with pytest.raises(ValueError, match="hidden must be divisible by the tensor degree t"):
-            tp.run_step(fresh, 3, "megatron", hidden=1024)
+        with pytest.raises(ValueError, match=r"hidden must be a multiple of 3 \(the tensor degree"):
+            tp.run_step(fresh, 3, "megatron")
         with pytest.raises(ValueError, match="hidden"):
-            tp.run_lecture_forward(fresh, 4, hidden=1022)
+            tp.run_lecture_forward(fresh, 4, LECTURE.with_(hidden=1022))
+        with pytest.raises(ValueError, match="implementation"):
+            tp.run_step(fresh, 4, "megatron", implementation="jax")
         assert fresh.pids == [] and set(mp.active_children()) == before
     finally:
         fresh.close()
@@ -142,119 +181,66 @@ def test_benchmark_rejects_bad_hidden_before_starting_ranks():
 
 def test_type_errors():
     with pytest.raises(TypeError, match="hidden must be an int"):
-        tp.check_config(4, 1024.0)
-
-
-# ---- the widget's model, at its slider extremes ----------------------------------------------
-
-def _fit_file(tmp_path):
-    path = tmp_path / "collective_fit.json"
-    path.write_text(json.dumps({"backend": "gloo", "world_size": 2, "cores_per_rank": 1,
-                                "fit": {"all_reduce": {"alpha_s": 1e-4, "beta_s_per_byte": 1e-9}}}))
-    return path
-
-
-def test_fit_is_optional(tmp_path):
-    assert tp_cost.load_fit(tmp_path / "missing.json") is None
-    assert "this machine: gloo fit from notebook 02" not in tp_cost.machines(None)
-    fit = tp_cost.load_fit(_fit_file(tmp_path))
-    assert fit["alpha_s"] == 1e-4 and fit["beta_s_per_byte"] == 1e-9
-    machine = tp_cost.machines(fit, cpu_flops=1e10)["this machine: gloo fit from notebook 02"]
-    assert tp_cost.link_for(machine, 2).bandwidth_Bps == pytest.approx(1e9)
-
-
-def test_links_come_from_hardware_hierarchy():
-    nvlink, ib = tp_cost.h100_links()
-    assert (nvlink.bandwidth_Bps, ib.bandwidth_Bps) == (450e9, 50e9)
-
-
-@pytest.mark.parametrize("t", [1, 64])
-@pytest.mark.parametrize("hidden", [256, 32768])
-@pytest.mark.parametrize("tokens", [128, 65536])
-def test_widget_model_at_slider_extremes(tmp_path, t, hidden, tokens):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    choices = tp_cost.machines(tp_cost.load_fit(_fit_file(tmp_path)), cpu_flops=5e10)
-    for name, machine in choices.items():
-        row = tp_cost.layer_times(t, hidden, machine, tokens)
-        assert row["compute_s"] == pytest.approx(6 * tokens * hidden**2 / t / machine.flops)
-        assert (row["comm_s"] == 0) == (t == 1) and row["comm_s"] >= 0
-        text = tp_cost.describe(t, hidden, machine, tokens)
-        assert f"t={t}, h={hidden}" in text
-        assert tp_cost.show_choice(choices, t, hidden, tokens, name) == text
-        assert len(plt.gcf().axes[0].lines) >= 4  # compute, communication, step, best t
-        plt.close("all")
-    assert t in tp_cost.T_OPTIONS and hidden in tp_cost.HIDDEN_OPTIONS and tokens in tp_cost.TOKEN_OPTIONS
-    assert tp_cost.widget(choices, t, hidden, tokens).children  # the sliders build at this setting
-
-
-def test_tp_stays_inside_a_node():
-    cluster, ib_only, _ = tp_cost.machines().values()
-    big = dict(hidden=8192, tokens=16384)
-    # On NVLink the step keeps shrinking up to the node (8); crossing into InfiniBand it grows.
-    rows = {r["t"]: r for r in tp_cost.tp_curve(big["hidden"], cluster, big["tokens"])}
-    assert rows[8]["step_s"] < rows[4]["step_s"] < rows[1]["step_s"]
-    assert rows[16]["step_s"] > rows[8]["step_s"] and rows[16]["link"] == "InfiniBand NDR"
-    assert tp_cost.best_t(tp_cost.tp_curve(big["hidden"], cluster, big["tokens"])) == 8
-    # With InfiniBand only, TP does not pay at all; at the lecture's size it never pays.
-    assert tp_cost.best_t(tp_cost.tp_curve(big["hidden"], ib_only, big["tokens"])) == 1
-    assert tp_cost.best_t(tp_cost.tp_curve(1024, cluster, 128)) == 1
-
-
-def test_layer_times_rejects_bad_input():
-    machine = next(iter(tp_cost.machines().values()))
-    with pytest.raises(ValueError, match="hidden"):
-        tp_cost.layer_times(3, 1024, machine)
-    with pytest.raises(ValueError, match="tokens"):
-        tp_cost.layer_times(2, 1024, machine, tokens=0)
+        tp.check_config(4, LECTURE.with_(hidden=1024.0))
+    with pytest.raises(TypeError, match="t must be an int"):
+        tp.check_config(4.0)
 
 
 def test_timed_steps_count_the_formula_bytes(ranks):
     # What the benchmark reports: its comm_bytes must equal formula_bytes.
     ranks.resize(2)
+    small = LECTURE.with_(hidden=256)
     for layout in tp.LAYOUTS:
-        out = ranks.run(tp.timed_steps, layout, B, 256, L, repeat=2, warmup=1, threads=1)[0]
-        assert out["comm"]["ring_bytes"] == tp.formula_bytes(layout, 2, B, 256, L)
-        assert len(out["measurement"].times_s) == 2 and 0 < out["comm_share"] < 1
+        out = ranks.run(tp.timed_steps, layout, small, repeat=2, warmup=1, threads=1)[0]
+        assert out.comm.ring_bytes == tp.formula_bytes(layout, 2, small)
+        assert len(out.measurement.times_s) == 2 and 0 < out.comm_share < 1
+
+
+def _expected_collectives(ranks_in_group, shape, dim):
+    base = torch.arange(torch.Size(shape).numel(), dtype=torch.float32).reshape(shape)
+    total = sum(base + r for r in ranks_in_group)  # global rank r holds base + r
+    return total, total.chunk(len(ranks_in_group), dim=dim)
 
 
 @pytest.mark.parametrize("dim", [0, 1, -1])
 def test_reduce_scatter_and_all_gather_along_any_dim(ranks, dim):
     ranks.resize(2)
     shape = (2, 8, 4)
-    results = ranks.run(tp.collectives_along, dim, shape)
-    base = torch.arange(2 * 8 * 4, dtype=torch.float32).reshape(shape)
-    total = base * 2 + 1  # rank 0 holds base, rank 1 base + 1
-    for rank, result in enumerate(results):
-        torch.testing.assert_close(result["scattered"], total.chunk(2, dim=dim)[rank], rtol=0, atol=0)
+    total, pieces = _expected_collectives([0, 1], shape, dim)
+    for rank, result in enumerate(ranks.run(tp.collectives_along, dim, shape)):
+        torch.testing.assert_close(result["scattered"], pieces[rank], rtol=0, atol=0)
         torch.testing.assert_close(result["gathered"], total, rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("dim", [0, -1])
+def test_collectives_in_two_groups(ranks, dim):
+    ranks.resize(4)
+    shape = (2, 8, 4)
+    results = ranks.run(tp.collectives_along, dim, shape, blocks=PAIRS)
+    for block in PAIRS:
+        total, pieces = _expected_collectives(block, shape, dim)
+        for i, rank in enumerate(block):
+            torch.testing.assert_close(results[rank]["scattered"], pieces[i], rtol=0, atol=0)
+            torch.testing.assert_close(results[rank]["gathered"], total, rtol=0, atol=0)
+
+
 @pytest.mark.parametrize("layout", tp.LAYOUTS)
-def test_layout_figure_shows_the_counted_collectives(layout):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+def test_layout_route_shows_the_counted_collectives(layout):
     names = {"AR": "all_reduce", "AG": "all_gather", "RS": "reduce_scatter"}
     drawn = {}
     for item in tp.layout_schedule(layout, L):
-        if item[0] == "comm":
-            for direction, op in enumerate(item[1:3]):
+        if isinstance(item, tp.Comm):
+            for direction, op in enumerate((item.forward, item.backward)):
                 if op:
                     drawn.setdefault(names[op], [0, 0])[direction] += 1
-    assert {op: tuple(c) for op, c in drawn.items()} == tp.formula_collectives(layout, L)
-    fig = tp.plot_layouts(L)
-    assert len(fig.axes) == len(tp.LAYOUTS)
-    plt.close(fig)
+    assert {op: tuple(c) for op, c in drawn.items()} == formula_collectives(layout, L)
 
 
-def test_fit_saved_by_notebook_02_is_read_even_with_fractional_cores(tmp_path):
+def test_layout_figure_has_one_strip_per_layout():
+    from helpers.views.tp import plot_layouts
+    assert len(plot_layouts(L).axes) == len(tp.LAYOUTS)
+
+
+def test_measure_cpu_flops_with_fractional_cores():
     """4 ranks on 2 cores have 0.5 core each: notebook 02 saves that, notebook 04 must cope."""
-    from helpers.cost import alpha_beta
-    path = alpha_beta.save_fit({"all_reduce": alpha_beta.Fit("all_reduce", 2e-4, 1.5e-9)},
-                               "gloo", 4, 0.5, path=tmp_path / "collective_fit.json")
-    fit = tp_cost.load_fit(path)
-    assert (fit["world_size"], fit["cores_per_rank"]) == (4, 0.5)
-    assert fit["beta_s_per_byte"] == 1.5e-9
-    assert tp_cost.measure_cpu_flops(256, tokens=64, threads=fit["cores_per_rank"]) > 0
+    assert tp.measure_cpu_flops(LECTURE.with_(hidden=256), tokens=64, threads=0.5) > 0

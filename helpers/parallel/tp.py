@@ -1,7 +1,8 @@
 """Tensor parallelism, forward and backward: the code behind notebook 04.
 
 Every rank holds every layer, but only a slice of each weight; activations move instead.
-Three layouts of the lecture's deep MLP (batch b, hidden h, L layers of h×h, GELU after each):
+Three layouts of the lecture's deep MLP (`helpers.models`: batch b, hidden h, L layers of h×h,
+GELU after each):
 
 * "lecture"  — each layer is cut by output columns; after every layer the slices are
   all-gathered so every rank holds the full activation again (the lecture's forward).
@@ -13,11 +14,14 @@ Three layouts of the lecture's deep MLP (batch b, hidden h, L layers of h×h, GE
   all-gather / reduce-scatter before it.
 
 Conventions used throughout:
+* Every building block takes `group=None` (the whole world): t = `group_size(group)` ranks
+  share each layer and `group_rank(group)` says which slice is mine.
 * Weights are `nn.Linear` weights, shape (out, in); rank r of t holds rows r·h/t … (r+1)·h/t of
   a column-parallel weight and the same columns of a row-parallel one.
 * Activations are (tokens, h) with tokens = b·s; the lecture's MLP has s = 1. Sequence
   parallelism cuts the token dimension (dim 0).
-* Bytes are counted per rank under the ring convention (see `RING_FACTOR`).
+* Bytes are counted per rank as the ring algorithm sends them: `helpers.cost.alpha_beta`'s
+  bus factor of the op times the buffer handed to torch.distributed.
 """
 from __future__ import annotations
 
@@ -25,83 +29,39 @@ import contextlib
 import math
 import statistics
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
-from helpers.models import make_mlp
-
-LAYOUTS = ("lecture", "megatron", "sequence")
-DEFAULTS = dict(batch=128, hidden=1024, layers=4)  # the lecture's running example
+from helpers.checks import check_choice, check_divisible, check_int
+from helpers.cost.alpha_beta import OPS
+from helpers.cost.tp import LAYOUTS, check_degree, formula_collectives
+from helpers.models import LECTURE, MLPConfig, make_batch, make_mlp, mlp_loss
+from helpers.parallel.groups import (all_gather_into, group_rank, group_size, rank_device,
+                                     reduce_scatter_into, split_groups)
+from helpers.timing import Measurement, measure
 
 
 # ----------------------------------------------------------------------------------------
 # Checks: one clear error, in the parent, before any process starts.
 # ----------------------------------------------------------------------------------------
 
-def _check_int(name: str, value, low: int = 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    if value < low:
-        raise ValueError(f"{name} must be >= {low}, got {value}")
-    return value
-
-
-def check_config(t: int, hidden: int, batch: int = 128, layers: int = 4,
-                 layout: str = "megatron") -> None:
+def check_config(t: int, config: MLPConfig = LECTURE, layout: str = "megatron") -> None:
     """Raise ValueError/TypeError naming the bad argument; return None when all is well."""
-    if layout not in LAYOUTS:
-        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
-    _check_int("t", t)
-    _check_int("hidden", hidden)
-    _check_int("batch", batch)
-    _check_int("layers", layers)
-    if hidden % t:
-        raise ValueError(f"hidden must be divisible by the tensor degree t: hidden={hidden} is "
-                         f"not a multiple of t={t} (allowed: multiples of {t})")
-    if layout != "lecture" and layers % 2:
-        raise ValueError(f"layers must be even for layout={layout!r} (column/row pairs), got {layers}")
-    if layout == "sequence" and batch % t:
-        raise ValueError(f"batch must be divisible by t for layout='sequence' (each rank keeps "
-                         f"batch/t tokens): batch={batch}, t={t}")
-
-
-# ----------------------------------------------------------------------------------------
-# The unsharded reference: the lecture's deep MLP.
-# ----------------------------------------------------------------------------------------
-
-# The unsharded model every layout is checked against: the lecture's MLP of notebook 03.
-reference_mlp = make_mlp
-
-
-def reference_batch(batch: int = 128, hidden: int = 1024, seed: int = 1):
-    """(input, target), both (batch, hidden), the same on every rank."""
-    gen = torch.Generator().manual_seed(seed)
-    return torch.randn(batch, hidden, generator=gen), torch.randn(batch, hidden, generator=gen)
-
-
-def mse_sum(y: torch.Tensor, target: torch.Tensor, total: int) -> torch.Tensor:
-    """Σ (y − target)² / total: a mean whose pieces add up across ranks holding token shards."""
-    return ((y - target) ** 2).sum() / total
+    check_choice("layout", layout, LAYOUTS)
+    check_degree(t, config.hidden)
+    if layout != "lecture":
+        check_divisible("layers", config.layers, 2, f"layout={layout!r} pairs column and row layers")
+    if layout == "sequence":
+        check_divisible("batch", config.batch, t, f"each of the t={t} ranks keeps batch/t tokens")
 
 
 # ----------------------------------------------------------------------------------------
 # Counting what we hand to torch.distributed.
 # ----------------------------------------------------------------------------------------
-
-# Per-rank bytes sent by the ring algorithm, as a fraction of the buffer n we pass:
-#   all-reduce of n bytes: reduce-scatter + all-gather, 2(t−1) steps of n/t  → 2(t−1)/t · n
-#   all-gather whose OUTPUT is n bytes: t−1 steps of n/t                     → (t−1)/t · n
-#   reduce-scatter whose INPUT is n bytes: t−1 steps of n/t                  → (t−1)/t · n
-RING_FACTOR = {
-    "all_reduce": lambda t: 2 * (t - 1) / t,
-    "all_gather": lambda t: (t - 1) / t,
-    "reduce_scatter": lambda t: (t - 1) / t,
-}
-
 
 @dataclass(frozen=True)
 class CommRecord:
@@ -109,14 +69,49 @@ class CommRecord:
     phase: str          # "forward" or "backward"
     shape: tuple
     payload_bytes: int  # the full buffer n (AR: the tensor; AG: the output; RS: the input)
-    t: int
+    t: int              # ranks in the group
     seconds: float
 
     @property
     def ring_bytes(self) -> int:
-        """Bytes this rank sends under the ring convention (exact: n is a multiple of t)."""
-        num = {"all_reduce": 2, "all_gather": 1, "reduce_scatter": 1}[self.op] * (self.t - 1)
-        return self.payload_bytes * num // self.t
+        """Bytes this rank sends under the ring algorithm: alpha_beta's bus factor × n."""
+        return round(OPS[self.op].bus_factor(self.t) * self.payload_bytes)
+
+
+@dataclass(frozen=True)
+class CommCount:
+    """The collectives of one kind in one pass, totalled."""
+    op: str
+    phase: str
+    calls: int
+    payload_bytes: int
+    ring_bytes: int
+
+
+@dataclass(frozen=True)
+class CommSummary:
+    """Picklable totals of a log: what a rank sends back to the notebook."""
+    counts: tuple[CommCount, ...]   # one per (op, phase), in the order first issued
+    seconds: float                  # inside the collective calls
+
+    @property
+    def calls(self) -> int:
+        return sum(c.calls for c in self.counts)
+
+    @property
+    def payload_bytes(self) -> int:
+        return sum(c.payload_bytes for c in self.counts)
+
+    @property
+    def ring_bytes(self) -> int:
+        return sum(c.ring_bytes for c in self.counts)
+
+    def calls_by_op(self) -> dict[str, tuple[int, int]]:
+        """op → (calls forward, calls backward), the shape of `formula_collectives`."""
+        out: dict[str, list[int]] = {}
+        for c in self.counts:
+            out.setdefault(c.op, [0, 0])[c.phase == "backward"] += c.calls
+        return {op: tuple(calls) for op, calls in out.items()}
 
 
 _LOG: list[CommRecord] | None = None
@@ -133,57 +128,55 @@ def counting():
         _LOG = previous
 
 
-def _record(op: str, phase: str, tensor: torch.Tensor, start: float) -> None:
+def _record(op: str, phase: str, tensor: torch.Tensor, start: float, group=None) -> None:
     if _LOG is not None:
         if tensor.is_cuda:  # NCCL returns before the data moved: wait, so time means something
             torch.cuda.synchronize(tensor.device)
         _LOG.append(CommRecord(op, phase, tuple(tensor.shape), tensor.numel() * tensor.element_size(),
-                               dist.get_world_size(), time.perf_counter() - start))
+                               group_size(group), time.perf_counter() - start))
 
 
-def summarize(log: list[CommRecord]) -> dict:
-    """Picklable totals of a log: what a rank sends back to the notebook."""
-    per_op: dict[str, dict] = {}
+def summarize(log: list[CommRecord]) -> CommSummary:
+    totals: dict[tuple[str, str], list[int]] = {}
     for rec in log:
-        key = f"{rec.op} ({rec.phase})"
-        entry = per_op.setdefault(key, {"calls": 0, "payload_bytes": 0, "ring_bytes": 0})
-        entry["calls"] += 1
-        entry["payload_bytes"] += rec.payload_bytes
-        entry["ring_bytes"] += rec.ring_bytes
-    return {"calls": len(log), "ring_bytes": sum(r.ring_bytes for r in log),
-            "payload_bytes": sum(r.payload_bytes for r in log),
-            "seconds": sum(r.seconds for r in log), "per_op": per_op}
+        entry = totals.setdefault((rec.op, rec.phase), [0, 0, 0])
+        entry[0] += 1
+        entry[1] += rec.payload_bytes
+        entry[2] += rec.ring_bytes
+    return CommSummary(tuple(CommCount(op, phase, *entry) for (op, phase), entry in totals.items()),
+                       sum(r.seconds for r in log))
 
 
 # The three collectives, each a thin counted wrapper. t = 1 moves nothing, so skip the call.
 
-def all_reduce(x: torch.Tensor, phase: str = "forward") -> torch.Tensor:
-    if dist.get_world_size() == 1:
+def all_reduce(x: torch.Tensor, phase: str = "forward", group=None) -> torch.Tensor:
+    """Sum x over the group's ranks."""
+    if group_size(group) == 1:
         return x
     x = x.contiguous()
     start = time.perf_counter()
-    dist.all_reduce(x)
-    _record("all_reduce", phase, x, start)
+    dist.all_reduce(x, group=group)
+    _record("all_reduce", phase, x, start, group)
     return x
 
 
-def all_gather(x: torch.Tensor, dim: int, phase: str = "forward") -> torch.Tensor:
-    """Concatenate every rank's x along `dim`."""
-    t = dist.get_world_size()
+def all_gather(x: torch.Tensor, dim: int, phase: str = "forward", group=None) -> torch.Tensor:
+    """Concatenate every group rank's x along `dim`, in group-rank order."""
+    t = group_size(group)
     if t == 1:
         return x
-    # all_gather_single stacks along dim 0; gather there and move the pieces after.
+    # all_gather_into stacks along dim 0; gather there and move the pieces after.
     x0 = x.movedim(dim, 0).contiguous()
     out = x0.new_empty((t * x0.shape[0],) + tuple(x0.shape[1:]))
     start = time.perf_counter()
-    _all_gather_single(out, x0)
-    _record("all_gather", phase, out, start)
+    all_gather_into(out, x0, group=group)
+    _record("all_gather", phase, out, start, group)
     return out.movedim(0, dim).contiguous()
 
 
-def reduce_scatter(x: torch.Tensor, dim: int, phase: str = "forward") -> torch.Tensor:
-    """Sum x over ranks and keep this rank's 1/t slice along `dim`."""
-    t = dist.get_world_size()
+def reduce_scatter(x: torch.Tensor, dim: int, phase: str = "forward", group=None) -> torch.Tensor:
+    """Sum x over the group's ranks and keep this rank's 1/t slice along `dim`."""
+    t = group_size(group)
     if t == 1:
         return x
     # gloo (and the single-tensor API in general) scatters the flat buffer along dim 0:
@@ -191,95 +184,82 @@ def reduce_scatter(x: torch.Tensor, dim: int, phase: str = "forward") -> torch.T
     x0 = x.movedim(dim, 0).contiguous()
     out = x0.new_empty((x0.shape[0] // t,) + tuple(x0.shape[1:]))
     start = time.perf_counter()
-    _reduce_scatter_single(out, x0)
-    _record("reduce_scatter", phase, x0, start)
+    reduce_scatter_into(out, x0, group=group)
+    _record("reduce_scatter", phase, x0, start, group)
     return out.movedim(0, dim).contiguous()
 
 
-def _all_gather_single(out, x):
-    (getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor)(out, x)
-
-
-def _reduce_scatter_single(out, x):
-    (getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor)(out, x)
-
-
-def _my_slice(x: torch.Tensor, dim: int) -> torch.Tensor:
-    t, r = dist.get_world_size(), dist.get_rank()
-    return x.chunk(t, dim=dim)[r].contiguous()
+def my_slice(x: torch.Tensor, dim: int, group=None) -> torch.Tensor:
+    """This rank's 1/t of x along `dim` (t = the group's size, slice = its group rank)."""
+    return x.chunk(group_size(group), dim=dim)[group_rank(group)].contiguous()
 
 
 # ----------------------------------------------------------------------------------------
 # Conjugate operators: each is an identity on one pass and a collective on the other.
+# `group` rides along as a non-tensor argument (its gradient is None).
 # ----------------------------------------------------------------------------------------
 
 class _F(torch.autograd.Function):
     """f: identity forward, all-reduce backward (enters a tensor-parallel region)."""
 
     @staticmethod
-    def forward(ctx, x):
+    def forward(ctx, x, group):
+        ctx.group = group
         return x.view_as(x)
 
     @staticmethod
     def backward(ctx, grad):
         # Each rank used the full x against its own weight slice: the gradients are partial sums.
-        return all_reduce(grad.clone(), phase="backward")
+        return all_reduce(grad.clone(), phase="backward", group=ctx.group), None
 
 
 class _G(torch.autograd.Function):
     """g: all-reduce forward, identity backward (leaves a tensor-parallel region)."""
 
     @staticmethod
-    def forward(ctx, x):
-        return all_reduce(x.clone(), phase="forward")
+    def forward(ctx, x, group):
+        return all_reduce(x.clone(), phase="forward", group=group)
 
     @staticmethod
     def backward(ctx, grad):
-        return grad  # the output is replicated: every rank already has the whole gradient
+        return grad, None  # the output is replicated: every rank already has the whole gradient
 
 
 class _GatherLastDim(torch.autograd.Function):
     """All-gather column slices forward; keep this rank's slice backward (the lecture's layout)."""
 
     @staticmethod
-    def forward(ctx, x):
-        return all_gather(x, dim=-1, phase="forward")
+    def forward(ctx, x, group):
+        ctx.group = group
+        return all_gather(x, dim=-1, phase="forward", group=group)
 
     @staticmethod
     def backward(ctx, grad):
-        return _my_slice(grad, dim=-1)
+        return my_slice(grad, dim=-1, group=ctx.group), None
 
 
-class _GatherTokens(torch.autograd.Function):
-    """Sequence parallel: all-gather token shards forward; reduce-scatter backward."""
-
-    @staticmethod
-    def forward(ctx, x):
-        return all_gather(x, dim=0, phase="forward")
-
-    @staticmethod
-    def backward(ctx, grad):
-        # Every rank's full-sequence gradient is a partial sum (its weight slice only).
-        return reduce_scatter(grad, dim=0, phase="backward")
-
-
-class _ScatterTokens(torch.autograd.Function):
-    """Sequence parallel: reduce-scatter partial sums to token shards forward; all-gather backward."""
+class _Tokens(torch.autograd.Function):
+    """Sequence parallel, both conjugates: with `gather`, all-gather token shards forward and
+    reduce-scatter backward (every rank's full-sequence gradient is a partial sum: its weight
+    slice only); without, reduce-scatter partial sums to token shards forward, all-gather
+    backward."""
 
     @staticmethod
-    def forward(ctx, x):
-        return reduce_scatter(x, dim=0, phase="forward")
+    def forward(ctx, x, group, gather):
+        ctx.group, ctx.gather = group, gather
+        return (all_gather if gather else reduce_scatter)(x, dim=0, phase="forward", group=group)
 
     @staticmethod
     def backward(ctx, grad):
-        return all_gather(grad, dim=0, phase="backward")
+        collective = reduce_scatter if ctx.gather else all_gather
+        return collective(grad, dim=0, phase="backward", group=ctx.group), None, None
 
 
-def f(x): return _F.apply(x)
-def g(x): return _G.apply(x)
-def gather_columns(x): return _GatherLastDim.apply(x)
-def gather_tokens(x): return _GatherTokens.apply(x)
-def scatter_tokens(x): return _ScatterTokens.apply(x)
+def f(x, group=None): return _F.apply(x, group)
+def g(x, group=None): return _G.apply(x, group)
+def gather_columns(x, group=None): return _GatherLastDim.apply(x, group)
+def gather_tokens(x, group=None): return _Tokens.apply(x, group, True)
+def scatter_tokens(x, group=None): return _Tokens.apply(x, group, False)
 
 
 # ----------------------------------------------------------------------------------------
@@ -294,17 +274,17 @@ class ColumnParallelLinear(nn.Module):
     """
 
     def __init__(self, linear: nn.Linear, gather_output: bool = False,
-                 sequence_parallel: bool = False):
+                 sequence_parallel: bool = False, group=None):
         super().__init__()
-        self.gather_output, self.sequence_parallel = gather_output, sequence_parallel
-        self.weight = nn.Parameter(_my_slice(linear.weight.detach(), dim=0))
-        self.bias = (nn.Parameter(_my_slice(linear.bias.detach(), dim=0))
+        self.gather_output, self.sequence_parallel, self.group = gather_output, sequence_parallel, group
+        self.weight = nn.Parameter(my_slice(linear.weight.detach(), dim=0, group=group))
+        self.bias = (nn.Parameter(my_slice(linear.bias.detach(), dim=0, group=group))
                      if linear.bias is not None else None)
 
     def forward(self, x):
-        x = gather_tokens(x) if self.sequence_parallel else f(x)
+        x = gather_tokens(x, self.group) if self.sequence_parallel else f(x, self.group)
         y = F.linear(x, self.weight, self.bias)
-        return gather_columns(y) if self.gather_output else y
+        return gather_columns(y, self.group) if self.gather_output else y
 
 
 class RowParallelLinear(nn.Module):
@@ -314,77 +294,77 @@ class RowParallelLinear(nn.Module):
     sequence-parallel, a reduce-scatter leaves each rank the full sum for its own tokens).
     """
 
-    def __init__(self, linear: nn.Linear, sequence_parallel: bool = False):
+    def __init__(self, linear: nn.Linear, sequence_parallel: bool = False, group=None):
         super().__init__()
-        self.sequence_parallel = sequence_parallel
-        self.weight = nn.Parameter(_my_slice(linear.weight.detach(), dim=1))
+        self.sequence_parallel, self.group = sequence_parallel, group
+        self.weight = nn.Parameter(my_slice(linear.weight.detach(), dim=1, group=group))
         # The bias is added once, after the sum, so every rank keeps all of it.
         self.bias = nn.Parameter(linear.bias.detach().clone()) if linear.bias is not None else None
 
     def forward(self, y):
         z = F.linear(y, self.weight)
-        z = scatter_tokens(z) if self.sequence_parallel else g(z)
+        z = scatter_tokens(z, self.group) if self.sequence_parallel else g(z, self.group)
         if self.bias is not None:
             # Sequence-parallel: each rank saw only its tokens, so the bias gradient is partial;
             # f all-reduces it in the backward pass.
-            z = z + (f(self.bias) if self.sequence_parallel else self.bias)
+            z = z + (f(self.bias, self.group) if self.sequence_parallel else self.bias)
         return z
 
 
 class GatherColumns(nn.Module):
     """The lecture's all-gather + concatenate, as a layer (backward: keep my slice)."""
 
+    def __init__(self, group=None):
+        super().__init__()
+        self.group = group
+
     def forward(self, y):
-        return gather_columns(y)
+        return gather_columns(y, self.group)
 
 
-def shard_mlp(reference: nn.Sequential, layout: str) -> nn.Sequential:
+def kind_of(layout: str, layer: int) -> str:
+    """'column' or 'row': how `layout` cuts layer `layer` (0 … L−1)."""
+    return "column" if layout == "lecture" or layer % 2 == 0 else "row"
+
+
+def shard_mlp(reference: nn.Sequential, layout: str, group=None) -> nn.Sequential:
     """This rank's piece of the reference MLP in the given layout (call inside a process group)."""
     linears = [m for m in reference if isinstance(m, nn.Linear)]
     modules: list[nn.Module] = []
+    sequence = layout == "sequence"
     for i, linear in enumerate(linears):
         if layout == "lecture":  # slice, GELU on the slice, then gather (the lecture's order)
-            modules += [ColumnParallelLinear(linear), nn.GELU(), GatherColumns()]
+            modules += [ColumnParallelLinear(linear, group=group), nn.GELU(), GatherColumns(group)]
             continue
-        if i % 2 == 0:
-            modules.append(ColumnParallelLinear(linear, sequence_parallel=layout == "sequence"))
+        if kind_of(layout, i) == "column":
+            modules.append(ColumnParallelLinear(linear, sequence_parallel=sequence, group=group))
         else:
-            modules.append(RowParallelLinear(linear, sequence_parallel=layout == "sequence"))
+            modules.append(RowParallelLinear(linear, sequence_parallel=sequence, group=group))
         modules.append(nn.GELU())
     return nn.Sequential(*modules)
 
 
 # ----------------------------------------------------------------------------------------
 # Formulas: what the counter should find, and what each rank keeps for the backward pass.
+# (`formula_collectives`, op → calls per pass, lives in helpers.cost.tp with the cost model.)
 # ----------------------------------------------------------------------------------------
 
-def formula_collectives(layout: str, layers: int = 4) -> dict[str, tuple[int, int]]:
-    """op → (calls forward, calls backward) for one step with t > 1 (input needs a gradient)."""
-    pairs = layers // 2
-    if layout == "lecture":
-        return {"all_gather": (layers, 0), "all_reduce": (0, layers)}
-    if layout == "megatron":
-        return {"all_reduce": (pairs, pairs)}
-    return {"all_gather": (pairs, pairs), "reduce_scatter": (pairs, pairs)}
-
-
-def formula_bytes(layout: str, t: int, tokens: int = 128, hidden: int = 1024, layers: int = 4,
-                  bytes_per_element: int = 4) -> int:
-    """Per-rank bytes sent in one training step (forward + backward), ring convention.
+def formula_bytes(layout: str, t: int, config: MLPConfig = LECTURE, bytes_per_element: int = 4) -> int:
+    """Per-rank bytes sent in one training step (forward + backward), ring algorithm.
 
     Every collective here moves a full activation n = tokens·h·bytes (gathered output,
-    reduce-scattered input, or all-reduced tensor):
+    reduce-scattered input, or all-reduced tensor), each priced by alpha_beta's bus factor:
       lecture : L all-gathers + L all-reduces = 3L(t−1)/t · n
       megatron: L/2 + L/2 all-reduces          = 2L(t−1)/t · n
       sequence: L all-gathers + L reduce-scatters = 2L(t−1)/t · n
     """
-    n = tokens * hidden * bytes_per_element
-    factor = {"lecture": 3 * layers, "megatron": 2 * layers, "sequence": 2 * layers}[layout]
-    return factor * (t - 1) * n // t
+    n = config.batch * config.hidden * bytes_per_element
+    return sum((forward + backward) * round(OPS[op].bus_factor(t) * n)
+               for op, (forward, backward) in formula_collectives(layout, config.layers).items())
 
 
-def formula_activation_bytes(layout: str, t: int, tokens: int = 128, hidden: int = 1024,
-                             layers: int = 4, bytes_per_element: int = 4) -> int:
+def formula_activation_bytes(layout: str, t: int, config: MLPConfig = LECTURE,
+                             bytes_per_element: int = 4) -> int:
     """Activations one rank keeps for the backward pass (weights excluded).
 
     Per layer (n = tokens·h·bytes, one full activation):
@@ -392,7 +372,7 @@ def formula_activation_bytes(layout: str, t: int, tokens: int = 128, hidden: int
       megatron: per pair, full input n, two slices n/t, full pre-GELU sum n    → (2n + 2n/t)/2
       sequence: per pair, gathered input n, two slices n/t, pre-GELU shard n/t → (n + 3n/t)/2
     """
-    n = tokens * hidden * bytes_per_element
+    n, layers = config.batch * config.hidden * bytes_per_element, config.layers
     if layout == "lecture":
         return layers * (n + n // t)
     if layout == "megatron":
@@ -417,139 +397,90 @@ def saved_activations(model: nn.Module):
 
 
 # ----------------------------------------------------------------------------------------
-# Rank functions (run through helpers.ranks): the lecture's forward, and a full training step.
+# Results a rank sends back.
 # ----------------------------------------------------------------------------------------
 
-def _device() -> torch.device:
-    if dist.get_backend() == "nccl":
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
+@dataclass(frozen=True, order=True)
+class Param:
+    """A parameter of the reference MLP, by layer (0 … L−1) and name ("weight" or "bias")."""
+    layer: int
+    name: str
+
+    def __str__(self) -> str:
+        return f"layer {self.layer} {self.name}"
 
 
-def lecture_forward(rank: int, t: int, batch: int = 128, hidden: int = 1024, layers: int = 4,
-                    seed: int = 0) -> dict:
+@dataclass(frozen=True)
+class StepResult:
+    """One training step: on a rank its shards, after `assemble` (or unsharded) the whole."""
+    output: torch.Tensor
+    loss: torch.Tensor
+    input_grad: torch.Tensor
+    grads: dict[Param, torch.Tensor]
+    comm: CommSummary | None = None          # what this module's wrappers counted
+    activation_bytes: int | None = None      # kept for backward (saved_activations)
+    collectives: dict[str, int] | None = None  # torch_tp_step: CommDebugMode's counts by op
+
+    def cpu(self) -> "StepResult":
+        """The same result with every tensor on the CPU (what a rank sends back)."""
+        return replace(self, output=self.output.detach().cpu(), loss=self.loss.detach().cpu(),
+                       input_grad=self.input_grad.cpu(),
+                       grads={k: v.cpu() for k, v in self.grads.items()})
+
+
+@dataclass(frozen=True)
+class LectureForward:
+    output: torch.Tensor
+    comm: CommSummary
+    local_shape: tuple[int, int]    # this rank's activation slice, b × h/t
+    weight_shape: tuple[int, int]   # this rank's weight slice, h × h/t (x @ W convention)
+
+
+@dataclass(frozen=True)
+class TimedSteps:
+    measurement: Measurement
+    comm: CommSummary               # the last timed step's collectives
+    comm_shares: tuple[float, ...]  # per timed step: seconds inside collectives / step
+
+    @property
+    def comm_share(self) -> float:
+        return statistics.median(self.comm_shares)
+
+
+# ----------------------------------------------------------------------------------------
+# Rank functions (run through helpers.ranks): the lecture's forward, and a full training step.
+# `blocks` (e.g. [[0, 1], [2, 3]]) splits the world into independent tensor-parallel groups.
+# ----------------------------------------------------------------------------------------
+
+def _group(blocks: list[list[int]] | None):
+    return split_groups(blocks) if blocks else None
+
+
+def lecture_forward(rank: int, world_size: int, config: MLPConfig = LECTURE,
+                    blocks: list[list[int]] | None = None) -> LectureForward:
     """The lecture's forward, as written there: slice, GELU, all-gather a list, concatenate."""
-    device = _device()
-    reference = reference_mlp(hidden, layers, seed)
-    x = reference_batch(batch, hidden)[0].to(device)
-    local = hidden // t
+    group = _group(blocks)
+    t, r = group_size(group), group_rank(group)
+    device = rank_device()
+    x = make_batch(config).to(device)
+    local = config.hidden // t
     # Lecture convention: x @ W with W of shape (in, out); rank r owns out-columns r·h/t … .
-    params = [m.weight.detach()[rank * local:(rank + 1) * local].T.to(device)
-              for m in reference if isinstance(m, nn.Linear)]
+    params = [m.weight.detach()[r * local:(r + 1) * local].T.to(device)
+              for m in make_mlp(config) if isinstance(m, nn.Linear)]
     with counting() as log:
         for w in params:
             x = F.gelu(x @ w)                                   # batch × h/t
             activations = [torch.empty_like(x) for _ in range(t)]
             start = time.perf_counter()
-            dist.all_gather(activations, x)                     # counted as one all-gather
-            _record("all_gather", "forward", torch.cat(activations, dim=0), start)
+            dist.all_gather(activations, x, group=group)        # counted as one all-gather
+            _record("all_gather", "forward", torch.cat(activations, dim=0), start, group)
             x = torch.cat(activations, dim=1)                   # batch × h
-    return {"output": x, "comm": summarize(log), "local_shape": (batch, local),
-            "weight_shape": tuple(params[0].shape)}
+    return LectureForward(x.cpu(), summarize(log), (config.batch, local), tuple(params[0].shape))
 
 
-def train_step(rank: int, t: int, layout: str = "megatron", batch: int = 128,
-               hidden: int = 1024, layers: int = 4, seed: int = 0, bias: bool = False) -> dict:
-    """One forward + backward of the sharded MLP; returns output, loss, grads and counts.
-
-    The input requires a gradient too (as if the MLP sat inside a deeper network), so every
-    conjugate collective runs and the input gradient can be checked.
-    """
-    model, x, target = _build(layout, batch, hidden, layers, seed, bias)
-    with counting() as log, saved_activations(model) as saved:
-        y = model(x)
-    forward_log = list(log)
-    with counting() as log:
-        loss = mse_sum(y, target, batch * hidden)
-        loss.backward()
-    return {
-        "output": y.detach(), "loss": loss.detach(), "input_grad": x.grad,
-        "grads": _grads_by_reference_name(model),
-        "comm": summarize(forward_log + log), "activation_bytes": sum(saved.values()),
-    }
-
-
-def run_step(ranks, t: int, layout: str = "megatron", batch: int = 128, hidden: int = 1024,
-             layers: int = 4, bias: bool = False, implementation: str = "helpers") -> list[dict]:
-    """Check the configuration in the parent, then run one training step on t live ranks.
-
-    implementation: "helpers" (this module's layers) or "torch" (parallelize_module).
-    """
-    check_config(t, hidden, batch, layers, layout)
-    if implementation not in ("helpers", "torch"):
-        raise ValueError(f"implementation must be 'helpers' or 'torch', got {implementation!r}")
-    ranks.resize(t)
-    if implementation == "torch":
-        if bias:
-            raise ValueError("bias=True is only wired for implementation='helpers'")
-        return ranks.run(torch_tp_step, layout, batch, hidden, layers)
-    return ranks.run(train_step, layout, batch, hidden, layers, bias=bias)
-
-
-def run_lecture_forward(ranks, t: int = 4, batch: int = 128, hidden: int = 1024,
-                        layers: int = 4) -> list[dict]:
-    check_config(t, hidden, batch, layers, "lecture")
-    ranks.resize(t)
-    return ranks.run(lecture_forward, batch, hidden, layers)
-
-
-def _build(layout, batch, hidden, layers, seed, bias=False):
-    """This rank's model shard, input (requiring a gradient) and target."""
-    device = _device()
-    reference = reference_mlp(hidden, layers, seed)
-    if bias:
-        _add_biases(reference, seed)
-    model = shard_mlp(reference, layout).to(device)
-    x, target = (v.to(device) for v in reference_batch(batch, hidden))
-    if layout == "sequence":  # each rank starts (and ends) with its own tokens only
-        x, target = _my_slice(x, 0), _my_slice(target, 0)
-    return model, x.requires_grad_(True), target
-
-
-def timed_steps(rank: int, t: int, layout: str = "megatron", batch: int = 128,
-                hidden: int = 1024, layers: int = 4, repeat: int = 10, warmup: int = 2,
-                threads: int | None = None) -> dict:
-    """Time forward + backward steps (barrier before each clock read, so a step ends when
-    every rank is done); count the collectives and the seconds spent inside them.
-    `threads` overrides this rank's intra-op threads for the timing (restored afterwards)."""
-    previous = torch.get_num_threads()
-    if threads:
-        torch.set_num_threads(threads)
-    try:
-        return _timed_steps(t, layout, batch, hidden, layers, repeat, warmup)
-    finally:
-        torch.set_num_threads(previous)
-
-
-def _timed_steps(t, layout, batch, hidden, layers, repeat, warmup) -> dict:
-    from helpers.timing import measure
-    model, x, target = _build(layout, batch, hidden, layers, seed=0)
-    sync = (lambda: (torch.cuda.synchronize(), dist.barrier())) if x.is_cuda else dist.barrier
-    logs = []
-
-    def step():
-        model.zero_grad(set_to_none=True)
-        x.grad = None
-        with counting() as log:
-            mse_sum(model(x), target, batch * hidden).backward()
-        logs.append(log)
-
-    m = measure(step, f"{layout} t={t} step", repeat=repeat, warmup=warmup, sync=sync)
-    timed = [summarize(log) for log in logs[warmup:]]
-    shares = [s["seconds"] / dt for s, dt in zip(timed, m.times_s)]
-    return {"measurement": m, "comm": timed[-1], "comm_shares": shares,
-            "comm_share": statistics.median(shares)}
-
-
-def _grads_by_reference_name(model: nn.Sequential) -> dict[str, torch.Tensor]:
-    """Name each shard's gradient after the reference parameter it is a slice of."""
-    parallel = [m for m in model if isinstance(m, (ColumnParallelLinear, RowParallelLinear))]
-    return {f"{2 * i}.{name}": p.grad for i, m in enumerate(parallel)
-            for name, p in m.named_parameters()}
-
-
-def _add_biases(reference: nn.Sequential, seed: int) -> None:
-    gen = torch.Generator().manual_seed(seed + 100)
+def _add_biases(reference: nn.Sequential, config: MLPConfig) -> None:
+    """Give every Linear of make_mlp's model a bias (the bias tests; seeded from config.seed)."""
+    gen = torch.Generator().manual_seed(config.seed + 100)
     for i, m in enumerate(list(reference)):
         if isinstance(m, nn.Linear):
             new = nn.Linear(m.in_features, m.out_features, bias=True)
@@ -559,71 +490,152 @@ def _add_biases(reference: nn.Sequential, seed: int) -> None:
             reference[i] = new
 
 
-def reference_step(batch: int = 128, hidden: int = 1024, layers: int = 4, seed: int = 0,
-                   bias: bool = False) -> dict:
-    """The same step on one process, unsharded: the ground truth for every layout."""
-    reference = reference_mlp(hidden, layers, seed)
+def _build(layout: str, config: MLPConfig, bias: bool, group=None):
+    """This rank's model shard and input (requiring a gradient)."""
+    device = rank_device()
+    reference = make_mlp(config)
     if bias:
-        _add_biases(reference, seed)
-    x, target = reference_batch(batch, hidden)
-    x.requires_grad_(True)
+        _add_biases(reference, config)
+    model = shard_mlp(reference, layout, group).to(device)
+    x = make_batch(config).to(device)
+    if layout == "sequence":  # each rank starts (and ends) with its own tokens only
+        x = my_slice(x, 0, group)
+    return model, x.requires_grad_(True)
+
+
+def _grads_by_param(model: nn.Sequential) -> dict[Param, torch.Tensor]:
+    """Each shard's gradient, named after the reference parameter it is a slice of."""
+    linears = [m for m in model if isinstance(m, (nn.Linear, ColumnParallelLinear, RowParallelLinear))]
+    return {Param(i, name): p.grad for i, m in enumerate(linears) for name, p in m.named_parameters()}
+
+
+def train_step(rank: int, world_size: int, layout: str = "megatron", config: MLPConfig = LECTURE,
+               bias: bool = False, blocks: list[list[int]] | None = None) -> StepResult:
+    """One forward + backward of the sharded MLP; returns output, loss, grads and counts.
+
+    The loss is the lecture's (`mlp_loss`); a sequence-parallel rank holds batch/t rows of the
+    output and passes the full output's numel, so the ranks' losses add up to the whole.
+    The input requires a gradient too (as if the MLP sat inside a deeper network), so every
+    conjugate collective runs and the input gradient can be checked.
+    """
+    model, x = _build(layout, config, bias, _group(blocks))
+    with counting() as log, saved_activations(model) as saved:
+        y = model(x)
+    forward_log = list(log)
+    with counting() as log:
+        loss = mlp_loss(y, numel=config.batch * config.hidden)
+        loss.backward()
+    return StepResult(y, loss, x.grad, _grads_by_param(model), summarize(forward_log + log),
+                      sum(saved.values())).cpu()
+
+
+def run_step(ranks, t: int, layout: str = "megatron", config: MLPConfig = LECTURE,
+             bias: bool = False, implementation: str = "helpers") -> list[StepResult]:
+    """Check the configuration in the parent, then run one training step on t live ranks.
+
+    implementation: "helpers" (this module's layers) or "torch" (parallelize_module).
+    """
+    check_config(t, config, layout)
+    check_choice("implementation", implementation, ("helpers", "torch"))
+    if implementation == "torch" and bias:
+        raise ValueError("bias must be False for implementation='torch' (only wired for 'helpers')")
+    ranks.resize(t)
+    if implementation == "torch":
+        return ranks.run(torch_tp_step, layout, config)
+    return ranks.run(train_step, layout, config, bias=bias)
+
+
+def run_lecture_forward(ranks, t: int = 4, config: MLPConfig = LECTURE) -> list[LectureForward]:
+    check_config(t, config, "lecture")
+    ranks.resize(t)
+    return ranks.run(lecture_forward, config)
+
+
+def timed_steps(rank: int, world_size: int, layout: str = "megatron", config: MLPConfig = LECTURE,
+                repeat: int = 10, warmup: int = 2, threads: int | None = None) -> TimedSteps:
+    """Time forward + backward steps (barrier before each clock read, so a step ends when
+    every rank is done); count the collectives and the seconds spent inside them.
+    `threads` overrides this rank's intra-op threads for the timing (restored afterwards)."""
+    previous = torch.get_num_threads()
+    if threads:
+        torch.set_num_threads(threads)
+    try:
+        model, x = _build(layout, config, bias=False)
+        sync = (lambda: (torch.cuda.synchronize(), dist.barrier())) if x.is_cuda else dist.barrier
+        logs = []
+
+        def step():
+            model.zero_grad(set_to_none=True)
+            x.grad = None
+            with counting() as log:
+                mlp_loss(model(x), numel=config.batch * config.hidden).backward()
+            logs.append(log)
+
+        m = measure(step, f"{layout} t={world_size} step", repeat=repeat, warmup=warmup, sync=sync)
+    finally:
+        torch.set_num_threads(previous)
+    timed = [summarize(log) for log in logs[warmup:]]
+    return TimedSteps(m, timed[-1], tuple(s.seconds / dt for s, dt in zip(timed, m.times_s)))
+
+
+def reference_step(config: MLPConfig = LECTURE, bias: bool = False) -> StepResult:
+    """The same step on one process, unsharded: the ground truth for every layout."""
+    reference = make_mlp(config)
+    if bias:
+        _add_biases(reference, config)
+    x = make_batch(config).requires_grad_(True)
     with saved_activations(reference) as saved:
         y = reference(x)
-    loss = mse_sum(y, target, batch * hidden)
+    loss = mlp_loss(y)
     loss.backward()
-    return {"output": y.detach(), "loss": loss.detach(), "input_grad": x.grad,
-            "grads": {name: p.grad for name, p in reference.named_parameters()},
-            "activation_bytes": sum(saved.values())}
+    return StepResult(y.detach(), loss.detach(), x.grad, _grads_by_param(reference),
+                      activation_bytes=sum(saved.values()))
 
 
-def assemble(results: list[dict], layout: str) -> dict:
-    """Put the ranks' pieces back together: full output, loss, input grad and parameter grads."""
+def assemble(results: list[StepResult], layout: str) -> StepResult:
+    """Put one group's pieces back together (in group-rank order): full output, loss, input
+    grad and parameter grads."""
     tokens_sharded = layout == "sequence"
     first = results[0]
-    output = (torch.cat([r["output"] for r in results]) if tokens_sharded else first["output"])
-    input_grad = (torch.cat([r["input_grad"] for r in results]) if tokens_sharded
-                  else first["input_grad"])
-    loss = sum(r["loss"] for r in results) if tokens_sharded else first["loss"]
+
+    def whole(get):
+        return torch.cat([get(r) for r in results]) if tokens_sharded else get(first)
+
     grads = {}
-    for name, grad in first["grads"].items():
-        layer, kind = name.split(".")
-        column = _kind_of(layout, int(layer)) == "column"
-        if kind == "weight":  # column: rows of the weight; row: its columns
-            grads[name] = torch.cat([r["grads"][name] for r in results], dim=0 if column else 1)
+    for param, grad in first.grads.items():
+        column = kind_of(layout, param.layer) == "column"
+        if param.name == "weight":  # column: rows of the weight; row: its columns
+            grads[param] = torch.cat([r.grads[param] for r in results], dim=0 if column else 1)
         elif column:
-            grads[name] = torch.cat([r["grads"][name] for r in results])
+            grads[param] = torch.cat([r.grads[param] for r in results])
         else:
-            grads[name] = grad  # a row-parallel bias is replicated
-    return {"output": output, "loss": loss, "input_grad": input_grad, "grads": grads}
+            grads[param] = grad  # a row-parallel bias is replicated
+    loss = sum(r.loss for r in results) if tokens_sharded else first.loss
+    return StepResult(whole(lambda r: r.output), loss, whole(lambda r: r.input_grad), grads)
 
 
-def _kind_of(layout: str, module_index: int) -> str:
-    """'column' or 'row' for the Linear at this index of the reference Sequential."""
-    if layout == "lecture":
-        return "column"
-    return "column" if (module_index // 2) % 2 == 0 else "row"
-
-
-def replicas_agree(results: list[dict], layout: str) -> bool:
+def replicas_agree(results: list[StepResult], layout: str) -> bool:
     """Whatever is replicated must be identical on every rank, bit for bit: the output and input
     gradient (lecture, megatron) and the gradient of a row-parallel bias (all layouts)."""
-    keys = [] if layout == "sequence" else ["output", "input_grad"]
-    replicated = [name for name in results[0]["grads"]
-                  if name.endswith("bias") and _kind_of(layout, int(name.split(".")[0])) == "row"]
-    return all(torch.equal(r[key], results[0][key]) for r in results[1:] for key in keys) and all(
-        torch.equal(r["grads"][n], results[0]["grads"][n]) for r in results[1:] for n in replicated)
+    first, others = results[0], results[1:]
+    replicated = [p for p in first.grads if p.name == "bias" and kind_of(layout, p.layer) == "row"]
+    same = all(torch.equal(r.grads[p], first.grads[p]) for r in others for p in replicated)
+    if layout != "sequence":
+        same = same and all(torch.equal(r.output, first.output) and
+                            torch.equal(r.input_grad, first.input_grad) for r in others)
+    return same
 
 
 # assert_close's float32 defaults hold on the CPU; GPU matmuls split and sum in other orders.
 TOLERANCES = {"gloo": {}, "nccl": dict(rtol=1e-4, atol=1e-5)}
 
 
-def compare(sharded: dict, reference: dict, **tolerances) -> dict[str, float]:
+def compare(sharded: StepResult, reference: StepResult, **tolerances) -> dict[str, float]:
     """assert_close every tensor; return the max |difference| of each, for the notebook to show."""
-    pairs = [("output", sharded["output"], reference["output"]),
-             ("loss", sharded["loss"], reference["loss"]),
-             ("input grad", sharded["input_grad"], reference["input_grad"])]
-    pairs += [(f"grad {n}", sharded["grads"][n], reference["grads"][n]) for n in reference["grads"]]
+    pairs = [("output", sharded.output, reference.output),
+             ("loss", sharded.loss, reference.loss),
+             ("input grad", sharded.input_grad, reference.input_grad)]
+    pairs += [(f"grad {p}", sharded.grads[p], reference.grads[p]) for p in reference.grads]
     diffs = {}
     for name, a, b in pairs:
         torch.testing.assert_close(a, b, msg=lambda m, name=name: f"{name}: {m}", **tolerances)
@@ -635,7 +647,7 @@ def compare(sharded: dict, reference: dict, **tolerances) -> dict[str, float]:
 # The same layouts with PyTorch's own tensor parallelism (DTensor), for comparison.
 # ----------------------------------------------------------------------------------------
 
-def torch_tp_plan(layout: str, layers: int = 4) -> dict:
+def torch_tp_plan(layout: str, layers: int) -> dict:
     """parallelize_module plan for the reference Sequential (Linear at even indices)."""
     from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
@@ -644,7 +656,7 @@ def torch_tp_plan(layout: str, layers: int = 4) -> dict:
         name = str(2 * i)
         if layout == "lecture":
             plan[name] = ColwiseParallel(output_layouts=Replicate())
-        elif i % 2 == 0:
+        elif kind_of(layout, i) == "column":
             plan[name] = (ColwiseParallel(input_layouts=Shard(0)) if layout == "sequence"
                           else ColwiseParallel())
         else:
@@ -653,29 +665,30 @@ def torch_tp_plan(layout: str, layers: int = 4) -> dict:
     return plan
 
 
-def torch_tp_step(rank: int, t: int, layout: str = "megatron", batch: int = 128,
-                  hidden: int = 1024, layers: int = 4, seed: int = 0) -> dict:
-    """train_step's twin built with torch.distributed.tensor.parallel.parallelize_module."""
+def torch_tp_step(rank: int, world_size: int, layout: str = "megatron",
+                  config: MLPConfig = LECTURE) -> StepResult:
+    """train_step's twin built with torch.distributed.tensor.parallel.parallelize_module
+    (over the whole world: t = world_size)."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor.debug import CommDebugMode
     from torch.distributed.tensor.parallel import parallelize_module
-    device = _device()
-    model = reference_mlp(hidden, layers, seed).to(device)
-    mesh = init_device_mesh(device.type, (t,))
-    parallelize_module(model, mesh, torch_tp_plan(layout, layers))
-    x, target = (v.to(device) for v in reference_batch(batch, hidden))
+    device = rank_device()
+    model = make_mlp(config).to(device)
+    mesh = init_device_mesh(device.type, (world_size,))
+    parallelize_module(model, mesh, torch_tp_plan(layout, config.layers))
+    x = make_batch(config).to(device)
     if layout == "sequence":
-        x, target = _my_slice(x, 0), _my_slice(target, 0)
+        x = my_slice(x, 0)
     x.requires_grad_(True)
     with CommDebugMode() as comm:
         y = model(x)
-        loss = mse_sum(y, target, batch * hidden)
+        loss = mlp_loss(y, numel=config.batch * config.hidden)
         loss.backward()
     counts = {str(op).split(".")[-1]: n for op, n in comm.get_comm_counts().items()}
-    grads = {f"{2 * i}.weight": _finished(model[2 * i].weight.grad.to_local())
-             for i in range(layers)}
-    return {"output": _finished(y.detach()), "loss": loss.detach(),
-            "input_grad": _finished(x.grad), "grads": grads, "collectives": counts}
+    grads = {Param(i, "weight"): _finished(model[2 * i].weight.grad.to_local())
+             for i in range(config.layers)}
+    return StepResult(_finished(y.detach()), loss.detach(), _finished(x.grad), grads,
+                      collectives=counts).cpu()
 
 
 def _finished(tensor: torch.Tensor) -> torch.Tensor:
@@ -688,13 +701,13 @@ def _finished(tensor: torch.Tensor) -> torch.Tensor:
 # Tables for the notebook: counted vs formula, per layout.
 # ----------------------------------------------------------------------------------------
 
-def layout_table(measured: dict[str, dict], t: int, tokens: int = 128, hidden: int = 1024,
-                 layers: int = 4, bytes_per_element: int = 4) -> str:
+def layout_table(measured: dict[str, StepResult], t: int, config: MLPConfig = LECTURE,
+                 bytes_per_element: int = 4) -> str:
     """One row per layout: collectives per layer, bytes per step and activations per rank,
     each counted on rank 0 of a real step (`measured[layout]` = train_step's result) next to
     its formula."""
-    kw = dict(tokens=tokens, hidden=hidden, layers=layers, bytes_per_element=bytes_per_element)
     short = {"all_reduce": "AR", "all_gather": "AG", "reduce_scatter": "RS"}
+    layers = config.layers
     head = (f"{'layout':<9} {'collectives / layer':<40} {'bytes / step / rank':>20} "
             f"{'formula':>10} {'activations / rank':>19} {'formula':>10}")
     lines = [head, "-" * len(head)]
@@ -704,70 +717,80 @@ def layout_table(measured: dict[str, dict], t: int, tokens: int = 128, hidden: i
                     for i in (0, 1)]
         per_layer = f"fwd {per_pass[0]}, bwd {per_pass[1]}"
         lines.append(
-            f"{layout:<9} {per_layer:<40} {result['comm']['ring_bytes']:>20,} "
-            f"{formula_bytes(layout, t, **kw):>10,} {result['activation_bytes']:>19,} "
-            f"{formula_activation_bytes(layout, t, **kw):>10,}")
+            f"{layout:<9} {per_layer:<40} {result.comm.ring_bytes:>20,} "
+            f"{formula_bytes(layout, t, config, bytes_per_element):>10,} "
+            f"{result.activation_bytes:>19,} "
+            f"{formula_activation_bytes(layout, t, config, bytes_per_element):>10,}")
     lines.append("AR all-reduce, AG all-gather, RS reduce-scatter; bytes sent per rank (ring), "
                  "counted on rank 0 next to the formula")
     return "\n".join(lines)
 
 
-def collectives_along(rank: int, t: int, dim: int, shape: tuple = (2, 8, 3)) -> dict:
+def collectives_along(rank: int, world_size: int, dim: int, shape: tuple = (2, 8, 3),
+                      blocks: list[list[int]] | None = None) -> dict[str, torch.Tensor]:
     """reduce_scatter then all_gather of a known tensor along any dim (gloo scatters dim 0 only:
-    the wrappers move `dim` to the front). Input on rank r: arange + r."""
+    the wrappers move `dim` to the front). Input on (global) rank r: arange + r."""
+    group = _group(blocks)
     x = torch.arange(math.prod(shape), dtype=torch.float32).reshape(shape) + rank
-    scattered = reduce_scatter(x, dim)
-    return {"scattered": scattered, "gathered": all_gather(scattered, dim)}
+    scattered = reduce_scatter(x, dim, group=group)
+    return {"scattered": scattered, "gathered": all_gather(scattered, dim, group=group)}
 
 
-def layout_schedule(layout: str, layers: int = 4) -> list[tuple]:
-    """The route of one step through the sharded MLP: a list of items, each either
-    ("layer", i, "column"|"row"), ("comm", forward op, backward op, operator name) or
-    ("state", activation)
-    — what each rank holds there: b×h, b×h/t (its features), b/t×h (its tokens) or a partial
-    sum of b×h that the next collective completes."""
-    items: list[tuple] = [("state", "b/t×h" if layout == "sequence" else "b×h")]
+def measure_cpu_flops(config: MLPConfig = LECTURE, tokens: int = 512,
+                      threads: float | None = None) -> float:
+    """fp32 FLOP/s of this process on one layer's matmul (tokens × h by h × h), median of 5,
+    threads as notebook 02's ranks had: the compute rate of 'this machine' in helpers.cost.tp.
+
+    `threads` may be a fraction (4 ranks on 2 cores have 0.5 core each); a process runs at
+    least one thread, so it is rounded and floored at 1.
+    """
+    check_int("tokens", tokens)
+    previous = torch.get_num_threads()
+    if threads:
+        torch.set_num_threads(max(1, round(threads)))
+    try:
+        a, w = torch.randn(tokens, config.hidden), torch.randn(config.hidden, config.hidden)
+        m = measure(lambda: a @ w, "matmul", repeat=5, warmup=2)
+    finally:
+        torch.set_num_threads(previous)
+    return 2 * tokens * config.hidden**2 / m.median
+
+
+# ----------------------------------------------------------------------------------------
+# The route of one step through each layout (drawn by helpers.views.tp.plot_layouts).
+# ----------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Layer:
+    index: int
+    kind: str          # "column" or "row"
+
+
+@dataclass(frozen=True)
+class Comm:
+    forward: str       # "AG", "RS", "AR" or "" (nothing on this pass)
+    backward: str
+    operator: str = ""  # "f", "g" or ""
+
+
+@dataclass(frozen=True)
+class Holds:
+    activation: str    # b×h, b×h/t (its features), b/t×h (its tokens) or "partial b×h"
+
+
+def layout_schedule(layout: str, layers: int) -> list[Layer | Comm | Holds]:
+    """The route of one step through the sharded MLP: layers, collectives and what each rank
+    holds in between (a partial sum of b×h is what the next collective completes)."""
+    sequence = layout == "sequence"
+    items: list[Layer | Comm | Holds] = [Holds("b/t×h" if sequence else "b×h")]
     for i in range(layers):
-        kind = "column" if layout == "lecture" or i % 2 == 0 else "row"
+        kind = kind_of(layout, i)
         if kind == "column":
-            items.append(("comm", "AG", "RS", "") if layout == "sequence" else ("comm", "", "AR", "f"))
-            items += [("state", "b×h")] if layout == "sequence" else []
-        items += [("layer", i, kind), ("state", "b×h/t" if kind == "column" else "partial b×h")]
+            items += [Comm("AG", "RS"), Holds("b×h")] if sequence else [Comm("", "AR", "f")]
+        items += [Layer(i, kind), Holds("b×h/t" if kind == "column" else "partial b×h")]
         if layout == "lecture":
-            items += [("comm", "AG", "", ""), ("state", "b×h")]
+            items += [Comm("AG", ""), Holds("b×h")]
         elif kind == "row":
-            items += [("comm", "AR", "", "g") if layout == "megatron" else ("comm", "RS", "AG", ""),
-                      ("state", "b×h" if layout == "megatron" else "b/t×h")]
+            items += ([Comm("RS", "AG"), Holds("b/t×h")] if sequence
+                      else [Comm("AR", "", "g"), Holds("b×h")])
     return items
-
-
-def plot_layouts(layers: int = 4):
-    """One strip per layout: the layers, what each rank holds between them, and the collectives
-    on the way forward (above) and backward (below)."""
-    import matplotlib.pyplot as plt
-    fig, axes = plt.subplots(len(LAYOUTS), 1, figsize=(12, 1.25 * len(LAYOUTS) + 0.4))
-    for ax, layout in zip(axes, LAYOUTS):
-        x = 0.0
-        for item in layout_schedule(layout, layers):
-            if item[0] == "layer":
-                color = "C0" if item[2] == "column" else "C1"
-                ax.add_patch(plt.Rectangle((x, -0.35), 1.1, 0.7, color=color, alpha=0.25))
-                ax.text(x + 0.55, 0, f"{item[2]}\nW{item[1]}", ha="center", va="center", fontsize=8)
-                x += 1.3
-            elif item[0] == "comm":
-                ax.axvline(x + 0.15, color="0.4", lw=0.8, ls="--", ymin=0.1, ymax=0.9)
-                ax.text(x + 0.15, 0.62, item[1], ha="center", color="C2", fontsize=9, weight="bold")
-                ax.text(x + 0.15, -0.72, item[2], ha="center", color="C3", fontsize=9, weight="bold")
-                ax.text(x + 0.22, 0.3, item[3], ha="left", color="0.3", fontsize=9, style="italic")
-                x += 0.3
-            else:
-                ax.text(x + 0.45, 0, item[1], ha="center", va="center", fontsize=8, color="0.25")
-                x += 0.9
-        ax.set(xlim=(-0.1, x), ylim=(-0.9, 0.9), yticks=[], xticks=[])
-        ax.set_ylabel(layout, rotation=0, ha="right", va="center")
-        for side in ("top", "right", "bottom", "left"):
-            ax.spines[side].set_visible(False)
-    axes[0].set_title("forward collectives above (green), backward below (red); "
-                      "AG all-gather, RS reduce-scatter, AR all-reduce", fontsize=9)
-    fig.tight_layout()
-    return fig

@@ -1,0 +1,102 @@
+"""Notebook 04's pictures: the route of a step through each tensor-parallel layout, and the
+"when does TP pay" curve with its widget. `plot_*` return a Figure, `widget_*` a widget;
+nothing here displays except the widget's own callback (`show_choice`)."""
+from __future__ import annotations
+
+import ipywidgets as w
+from IPython.display import display
+from matplotlib.figure import Figure
+from matplotlib.patches import Rectangle
+
+from helpers.cost.tp import LAYOUTS, TPHardware, best_t, describe, tp_curve
+from helpers.parallel.tp import Comm, Holds, Layer, layout_schedule
+
+T_OPTIONS = (1, 2, 4, 8, 16, 32, 64)
+HIDDEN_OPTIONS = tuple(2**k for k in range(8, 16))   # 256 … 32768
+TOKEN_OPTIONS = tuple(2**k for k in range(7, 17))    # 128 … 65536 (b·s)
+
+
+def plot_layouts(layers: int) -> Figure:
+    """One strip per layout: the layers, what each rank holds between them, and the collectives
+    on the way forward (above) and backward (below)."""
+    fig = Figure(figsize=(12, 1.25 * len(LAYOUTS) + 0.4))
+    axes = fig.subplots(len(LAYOUTS), 1)
+    for ax, layout in zip(axes, LAYOUTS):
+        x = 0.0
+        for item in layout_schedule(layout, layers):
+            if isinstance(item, Layer):
+                color = "C0" if item.kind == "column" else "C1"
+                ax.add_patch(Rectangle((x, -0.35), 1.1, 0.7, color=color, alpha=0.25))
+                ax.text(x + 0.55, 0, f"{item.kind}\nW{item.index}", ha="center", va="center",
+                        fontsize=8)
+                x += 1.3
+            elif isinstance(item, Comm):
+                ax.axvline(x + 0.15, color="0.4", lw=0.8, ls="--", ymin=0.1, ymax=0.9)
+                ax.text(x + 0.15, 0.62, item.forward, ha="center", color="C2", fontsize=9,
+                        weight="bold")
+                ax.text(x + 0.15, -0.72, item.backward, ha="center", color="C3", fontsize=9,
+                        weight="bold")
+                ax.text(x + 0.22, 0.3, item.operator, ha="left", color="0.3", fontsize=9,
+                        style="italic")
+                x += 0.3
+            elif isinstance(item, Holds):
+                ax.text(x + 0.45, 0, item.activation, ha="center", va="center", fontsize=8,
+                        color="0.25")
+                x += 0.9
+        ax.set(xlim=(-0.1, x), ylim=(-0.9, 0.9), yticks=[], xticks=[])
+        ax.set_ylabel(layout, rotation=0, ha="right", va="center")
+        for side in ("top", "right", "bottom", "left"):
+            ax.spines[side].set_visible(False)
+    axes[0].set_title("forward collectives above (green), backward below (red); "
+                      "AG all-gather, RS reduce-scatter, AR all-reduce", fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+def plot_curve(hidden: int, hardware: TPHardware, tokens: int, t: int | None = None,
+               ax=None) -> Figure:
+    """Compute and communication time per layer against t (log-log), the chosen t marked.
+    Draws on `ax` when given (and returns its figure)."""
+    if ax is None:
+        ax = Figure(figsize=(6.4, 3.6), layout="constrained").subplots()
+    rows = tp_curve(hidden, hardware, tokens)
+    ts = [r.t for r in rows]
+    ax.plot(ts, [r.compute_s * 1e6 for r in rows], "o-", label="compute / rank")
+    ax.plot(ts[1:], [r.comm_s * 1e6 for r in rows[1:]], "s-", label="communication / rank")
+    ax.plot(ts, [r.step_s * 1e6 for r in rows], "k--", lw=1, label="step (no overlap)")
+    node, inner = hardware.links[0]
+    if node is not None:  # shade the t that fit on the innermost (fastest) link
+        ax.axvspan(1, node, color="C2", alpha=0.08, label=f"{inner.name}, t ≤ {node}")
+    ax.axvline(best_t(rows), color="grey", lw=0.8, ls=":", label=f"fastest t = {best_t(rows)}")
+    if t is not None:
+        ax.axvline(t, color="C3", lw=1.5, alpha=0.5, label=f"t = {t}")
+    ax.set(xscale="log", yscale="log", xlabel="tensor degree t", ylabel="µs per layer per step",
+           title=f"{hardware.name}: h = {hidden}, b·s = {tokens}")
+    ax.set_xticks(ts, [str(v) for v in ts])
+    ax.legend(fontsize=8)
+    return ax.figure
+
+
+def show_choice(choices: dict[str, TPHardware], t: int, hidden: int, tokens: int,
+                hardware: str) -> str:
+    """The widget's callback: display the curve and its sentence for one setting of the sliders."""
+    display(plot_curve(hidden, choices[hardware], tokens, t))
+    text = describe(t, hidden, choices[hardware], tokens)
+    print(text)
+    return text
+
+
+def widget_when_tp_pays(choices: dict[str, TPHardware], t: int, hidden: int,
+                        tokens: int) -> w.interactive:
+    """Sliders for t, h and b·s, and a link menu, over `show_choice`."""
+
+    def show(t, hidden, tokens, hardware):
+        show_choice(choices, t, hidden, tokens, hardware)
+
+    return w.interactive(
+        show,
+        t=w.SelectionSlider(options=T_OPTIONS, value=t, description="t"),
+        hidden=w.SelectionSlider(options=HIDDEN_OPTIONS, value=hidden, description="h"),
+        tokens=w.SelectionSlider(options=TOKEN_OPTIONS, value=tokens, description="b·s"),
+        hardware=w.Dropdown(options=list(choices), description="link",
+                            layout=w.Layout(width="520px")))
