@@ -64,3 +64,29 @@ def all_reduce_mean(tensor: torch.Tensor, group=None) -> torch.Tensor:
         dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=group)
         tensor /= dist.get_world_size(group)
     return tensor
+
+
+# Kept out of checked notebook cells: gloo's own log line (imports here, not at the top, so
+# this addition stays at the end of the shared file).
+import contextlib  # noqa: E402
+import os  # noqa: E402
+import sys  # noqa: E402
+
+
+@contextlib.contextmanager
+def fd2_muted():
+    """Silence file descriptor 2 for a moment.
+
+    gloo logs a failed check straight to fd 2 (with a timestamp), bypassing sys.stderr, and a
+    rank's fd 2 is the notebook's: the exception already carries the same words, so the
+    duplicate would only add a line that changes every run.
+    """
+    sys.stderr.flush()
+    saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 2)
+    try:
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
