@@ -16,6 +16,7 @@ import os
 import sys
 
 from helpers import bench
+from helpers.checks import check_int
 from helpers.cost.alpha_beta import OPS
 from helpers.run import pin_transports_to_loopback_if_single_machine
 
@@ -101,8 +102,8 @@ def run_torchrun(args) -> dict | None:
                          f"WORLD_SIZE={world_size}; drop it or make them equal")
     sizes = _sizes(args)
     plan = bench.plan_sweep(args.ops, sizes, (world_size,))
-    if args.iters < 1 or args.warmup < 0:
-        raise ValueError(f"--iters must be >= 1 and --warmup >= 0, got {args.iters}, {args.warmup}")
+    check_int("--iters", args.iters, 1)
+    check_int("--warmup", args.warmup, 0)
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     backend = args.backend if args.backend != "auto" else ("nccl" if gpus >= local_ranks else "gloo")
     if backend == "nccl":

@@ -6,33 +6,23 @@ Figures come from the same helpers the notebooks call, so they change when the c
 """
 import os
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-
-from helpers import hierarchy  # noqa: E402
 from helpers.parallel import collectives
+from helpers.views.collectives import plot_collectives
+from helpers.views.hardware import plot_hierarchy
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def hierarchy_figure(path):
-    fig, axes = plt.subplots(1, 2, figsize=(15, 6))
-    hierarchy.draw("H100 SXM", ax=axes[0])
-    hierarchy.draw("GTX 580", ax=axes[1])
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    plot_hierarchy(("H100 SXM", "GTX 580")).savefig(path, dpi=110)
 
 
 def collectives_figure(path, world_size=4, length=4):
     results = {op: collectives.expected(op, world_size, length) for op in collectives.OPS}
-    fig = collectives.draw_many(collectives.OPS, results)
+    fig = plot_collectives(results)
     fig.suptitle(f"The eight collectives on {world_size} ranks (rank r starts with [0,1,2,3] + r; "
                  "all-to-all with 10r + [0,1,2,3])", y=1.0)
     fig.savefig(path, dpi=90, bbox_inches="tight")
-    plt.close(fig)
 
 
 def main():

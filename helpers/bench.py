@@ -1,7 +1,8 @@
 """Benchmark collectives correctly: warm up, barrier, many iterations, the median, nccl-tests units.
 
 Rank functions (`time_collective`, `gloo_facts`) run on live ranks (`helpers.ranks.LiveRanks`)
-or under torchrun; everything else runs in the notebook. Conventions, stated once:
+or under torchrun; everything else runs in the notebook (figures and the widget:
+`helpers.views.bench`). Conventions, stated once:
 
 * One timed iteration = barrier, then (GPU: synchronize and CUDA events) the call alone.
   Its time is the slowest rank's: a collective is done when every rank has its result.
@@ -14,13 +15,14 @@ from __future__ import annotations
 import re
 import statistics
 import time
+from dataclasses import dataclass
 from typing import Iterable, Sequence
 
 import numpy as np
 
+from helpers.checks import check_choice, check_divisible, check_int
 from helpers.cost import alpha_beta as ab
 from helpers.cost.alpha_beta import GB, GiB, OPS
-from helpers.parallel.collectives import fd2_muted
 from helpers.timing import Measurement, format_seconds
 
 KiB, MiB = 1024, 1024**2
@@ -51,10 +53,9 @@ def check_ops(ops: Iterable[str]) -> tuple[str, ...]:
         ops = (ops,)
     ops = tuple(ops)
     if not ops:
-        raise ValueError(f"ops must name at least one of {sorted(OPS)}")
+        raise ValueError(f"ops must name at least one of {tuple(sorted(OPS))}, got ()")
     for op in ops:
-        if op not in OPS:
-            raise ValueError(f"ops: unknown operation {op!r}; choose from {sorted(OPS)}")
+        check_choice("op", op, sorted(OPS))
     return ops
 
 
@@ -66,17 +67,14 @@ def size_quantum(op: str, world_size: int) -> int:
 def check_sizes(sizes: Iterable[int], ops: Sequence[str], world_size: int) -> tuple[int, ...]:
     sizes = tuple(sizes)
     if not sizes:
-        raise ValueError("sizes must list at least one message size in bytes")
+        raise ValueError("sizes must list at least one message size in bytes, got ()")
     for n in sizes:
-        if isinstance(n, bool) or not isinstance(n, int) or n <= 0:
-            raise ValueError(f"sizes must be positive ints (bytes), got {n!r}")
+        check_int("sizes (bytes)", n, 1)
         for op in ops:
-            q = size_quantum(op, world_size)
-            if n % q:
-                why = (f"{world_size} equal chunks of fp32" if ab.model(op).splits
-                       else "whole fp32 elements")
-                raise ValueError(f"sizes: {n} bytes cannot be cut into {why} for {op} at "
-                                 f"world size {world_size}; use a multiple of {q} bytes")
+            why = (f"{op} cuts it into {world_size} equal chunks of fp32" if ab.model(op).splits
+                   else "whole fp32 elements")
+            check_divisible(f"sizes (bytes, {op} at p={world_size})", n,
+                            size_quantum(op, world_size), why)
     return sizes
 
 
@@ -90,11 +88,12 @@ def parse_size(text: str) -> int:
     """'4MiB' -> 4194304, '1KiB' -> 1024, '1000' -> 1000, '1e6' -> 1000000 (bytes)."""
     match = re.fullmatch(r"\s*([0-9.eE+]+)\s*(B|KiB|MiB|GiB|KB|MB|GB)?\s*", text)
     units = {None: 1, "B": 1, "KiB": KiB, "MiB": MiB, "GiB": GiB, "KB": 1e3, "MB": 1e6, "GB": 1e9}
-    if not match:
-        raise ValueError(f"sizes: cannot read {text!r}; write bytes like 4096, 4KiB or 1MB")
-    value = float(match.group(1)) * units[match.group(2)]
-    if value != int(value):
-        raise ValueError(f"sizes: {text!r} is not a whole number of bytes")
+    try:
+        value = float(match.group(1)) * units[match.group(2)]
+    except (AttributeError, ValueError):
+        value = None
+    if value is None or value != int(value):
+        raise ValueError(f"sizes must be whole bytes like 4096, 4KiB or 1MB, got {text!r}")
     return int(value)
 
 
@@ -117,73 +116,75 @@ def iterations_for(nbytes: int, iters: int) -> int:
 # Rank side: build one collective call, time it.
 # ----------------------------------------------------------------------------------------
 
-def _device():
-    import torch
-    import torch.distributed as dist
-    if dist.get_backend() == "nccl":
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
+def _collective_call(op: str, nbytes: int, group, device):
+    """A zero-argument function that runs `op` once on preallocated n-byte buffers.
 
-
-def _collective_call(op: str, nbytes: int, rank: int, world_size: int, device):
-    """A zero-argument function that runs `op` once on preallocated n-byte buffers."""
-    import torch
-    import torch.distributed as dist
-
-    numel = nbytes // ELEMENT_BYTES
-    chunk = numel // world_size
-    buf = torch.zeros(numel, device=device)
-    # Newer torch names the flat-tensor versions *_single; older ones *_tensor.
-    reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
-    all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-    if op == "all_reduce":
-        return lambda: dist.all_reduce(buf)
-    if op == "all_gather":
-        mine = torch.zeros(chunk, device=device)
-        return lambda: all_gather(buf, mine)
-    if op == "reduce_scatter":
-        mine = torch.zeros(chunk, device=device)
-        return lambda: reduce_scatter(mine, buf)
-    if op == "broadcast":
-        return lambda: dist.broadcast(buf, src=0)
-    if op == "reduce":
-        return lambda: dist.reduce(buf, dst=0)
-    if op == "all_to_all":
-        out = torch.zeros(numel, device=device)
-        return lambda: dist.all_to_all_single(out, buf)
-    if op == "send_recv":
-        inbox = torch.zeros(numel, device=device)
-        right, left = (rank + 1) % world_size, (rank - 1) % world_size
-
-        def ring_shift():
-            ops = [dist.P2POp(dist.isend, buf, right), dist.P2POp(dist.irecv, inbox, left)]
-            for work in dist.batch_isend_irecv(ops):
-                work.wait()
-        return ring_shift
-    raise ValueError(f"op must be one of {sorted(OPS)}, got {op!r}")
-
-
-def time_collective(rank: int, world_size: int, op: str, nbytes: int, iters: int = 10,
-                    warmup: int = 2) -> dict:
-    """Rank function: time `op` on an n-byte message; every rank returns the same record.
-
-    Per iteration: barrier (so all ranks start together), then the call alone, timed with
-    perf_counter on CPU or CUDA events on GPU. The recorded time of an iteration is the
-    maximum over ranks (exchanged after the timing, so the exchange is not timed).
+    Ranks and sizes are the group's; the root (member 0) and the ring neighbours of
+    send_recv are handed to torch as global ranks.
     """
     import torch
     import torch.distributed as dist
 
-    device = _device()
+    from helpers.parallel.groups import (all_gather_into, global_rank, group_rank, group_size,
+                                         reduce_scatter_into)
+
+    rank, size = group_rank(group), group_size(group)
+    numel = nbytes // ELEMENT_BYTES
+    chunk = numel // size
+    buf = torch.zeros(numel, device=device)
+    root = global_rank(group, 0)
+    if op == "all_reduce":
+        return lambda: dist.all_reduce(buf, group=group)
+    if op == "all_gather":
+        mine = torch.zeros(chunk, device=device)
+        return lambda: all_gather_into(buf, mine, group=group)
+    if op == "reduce_scatter":
+        mine = torch.zeros(chunk, device=device)
+        return lambda: reduce_scatter_into(mine, buf, group=group)
+    if op == "broadcast":
+        return lambda: dist.broadcast(buf, src=root, group=group)
+    if op == "reduce":
+        return lambda: dist.reduce(buf, dst=root, group=group)
+    if op == "all_to_all":
+        out = torch.zeros(numel, device=device)
+        return lambda: dist.all_to_all_single(out, buf, group=group)
+    if op == "send_recv":
+        inbox = torch.zeros(numel, device=device)
+        right = global_rank(group, (rank + 1) % size)
+        left = global_rank(group, (rank - 1) % size)
+
+        def ring_shift():
+            ops = [dist.P2POp(dist.isend, buf, right, group), dist.P2POp(dist.irecv, inbox, left, group)]
+            for work in dist.batch_isend_irecv(ops):
+                work.wait()
+        return ring_shift
+    check_choice("op", op, sorted(OPS))
+
+
+def time_collective(rank: int, world_size: int, op: str, nbytes: int, iters: int = 10,
+                    warmup: int = 2, group=None) -> dict:
+    """Rank function: time `op` on an n-byte message; every member returns the same record.
+
+    Per iteration: barrier (so all members start together), then the call alone, timed with
+    perf_counter on CPU or CUDA events on GPU. The recorded time of an iteration is the
+    maximum over the group's ranks (exchanged after the timing, so it is not timed). The
+    record's `world_size` is the group's size p.
+    """
+    import torch
+    import torch.distributed as dist
+
+    from helpers.parallel.groups import group_size, rank_device
+
+    device = rank_device()
     cuda = device.type == "cuda"
-    call = _collective_call(op, nbytes, rank, world_size, device)
+    call = _collective_call(op, nbytes, group, device)
     for _ in range(warmup):          # first calls set up connections and allocate buffers
         call()
     if cuda:
         torch.cuda.synchronize()
     times = []
     for _ in range(iterations_for(nbytes, iters)):
-        dist.barrier()
+        dist.barrier(group=group)
         if cuda:
             torch.cuda.synchronize()
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -197,8 +198,9 @@ def time_collective(rank: int, world_size: int, op: str, nbytes: int, iters: int
             call()
             times.append(time.perf_counter() - t0)
     slowest = torch.tensor(times, dtype=torch.float64, device=device)
-    dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
-    return {"op": op, "world_size": world_size, "bytes": nbytes, "backend": dist.get_backend(),
+    dist.all_reduce(slowest, op=dist.ReduceOp.MAX, group=group)
+    return {"op": op, "world_size": group_size(group), "bytes": nbytes,
+            "backend": dist.get_backend(group),
             "times_s": slowest.cpu().tolist(), "threads_per_rank": torch.get_num_threads()}
 
 
@@ -230,8 +232,7 @@ def plan_sweep(ops, sizes, world_sizes, snap: bool = False) -> list[tuple[int, s
     plan = []
     for p in world_sizes:
         check_world_size(p)
-        if p < 2:
-            raise ValueError(f"world_sizes: a collective needs at least 2 ranks, got {p}")
+        check_int("world_sizes (a collective needs at least 2 ranks)", p, 2)
         for op in ops:
             if snap:
                 points = sorted({snap_size(n, op, p) for n in check_sizes(sizes, (), p)})
@@ -245,10 +246,8 @@ def run_sweep(ranks, ops=DEFAULT_OPS, sizes=DEFAULT_SIZES, world_sizes=(2,), ite
               warmup: int = 2, snap: bool = False, progress: bool = True) -> list[dict]:
     """Measure every (p, op, n) on the live ranks; one record per point (see time_collective)."""
     plan = plan_sweep(ops, sizes, world_sizes, snap)
-    if isinstance(iters, bool) or not isinstance(iters, int) or iters < 1:
-        raise ValueError(f"iters must be an int >= 1, got {iters!r}")
-    if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
-        raise ValueError(f"warmup must be an int >= 0, got {warmup!r}")
+    check_int("iters", iters, 1)
+    check_int("warmup", warmup, 0)
     records = []
     bar = progress_bar(len(plan), progress)
     try:
@@ -302,7 +301,7 @@ def fit_per_world_size(records: list[dict], weighting: str = "relative") -> dict
     return {p: fit_sweep([r for r in records if r["world_size"] == p], weighting) for p in sizes}
 
 
-def _fit_for(fits: dict, op: str, p: int) -> ab.Fit:
+def fit_for(fits: dict, op: str, p: int) -> ab.Fit:
     """`fits` is {op: Fit} (one fit for every p) or {p: {op: Fit}} (fit_per_world_size)."""
     return fits[p][op] if p in fits else fits[op]
 
@@ -312,7 +311,7 @@ def result_rows(records: list[dict], fits: dict) -> list[dict]:
     rows = []
     for r in records:
         t, p, n = median_time(r), r["world_size"], r["bytes"]
-        predicted = _fit_for(fits, r["op"], p).predict(p, n)
+        predicted = fit_for(fits, r["op"], p).predict(p, n)
         rows.append({"op": r["op"], "world_size": p, "bytes": n, "time_s": t,
                      "algbw_GBps": ab.algbw_GBps(n, t), "busbw_GBps": ab.busbw_GBps(r["op"], p, n, t),
                      "predicted_s": predicted, "rel_error": ab.relative_error(predicted, t)})
@@ -363,8 +362,9 @@ def gloo_facts(rank: int, world_size: int) -> dict[str, str]:
     import torch
     import torch.distributed as dist
 
+    from helpers.parallel.groups import fd2_muted, reduce_scatter_into
+
     group = None if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")
-    reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
     facts = {}
 
     def attempt(name, fn):
@@ -385,7 +385,7 @@ def gloo_facts(rank: int, world_size: int) -> dict[str, str]:
     def flat_dim0():
         inp = torch.ones(world_size * 2, 3)
         out = torch.empty(2, 3)
-        reduce_scatter(out, inp, group=group)
+        reduce_scatter_into(out, inp, group=group)
         return f"accepted; output {tuple(out.shape)} = {out[0, 0].item():g} everywhere"
     attempt(f"reduce_scatter input ({world_size * 2}, 3) -> (2, 3)", flat_dim0)
 
@@ -393,7 +393,7 @@ def gloo_facts(rank: int, world_size: int) -> dict[str, str]:
         inp = torch.ones(2, 3 * world_size)
         out = torch.empty(2, 3)
         with fd2_muted():
-            reduce_scatter(out, inp, group=group)
+            reduce_scatter_into(out, inp, group=group)
         return "accepted"
     attempt(f"reduce_scatter input (2, {3 * world_size}) -> (2, 3)", split_dim1)
     dist.barrier(group=group)
@@ -483,106 +483,45 @@ def explain_lecture_numbers(lecture: dict = LECTURE) -> list[dict]:
 
 
 # ----------------------------------------------------------------------------------------
-# Figures and the widget.
+# The small sweep behind notebook 02's widget (the widget itself: helpers.views.bench).
 # ----------------------------------------------------------------------------------------
 
-def plot_sweep(records: list[dict], fits: dict | None = None, ax_pair=None):
-    """Left: time vs message size, measured points (median, IQR bars) and fitted α–β lines.
-    Right: nccl-tests bus bandwidth vs size. Returns the figure."""
-    import matplotlib.pyplot as plt
-    import numpy as np
-
-    if ax_pair is None:
-        fig, ax_pair = plt.subplots(1, 2, figsize=(11, 4))
-    ax_t, ax_bw = ax_pair
-    fig = ax_t.figure
-    labels = op_labels(records)
-    groups: dict[tuple[str, int], list[dict]] = {}
-    for r in records:
-        groups.setdefault((r["op"], r["world_size"]), []).append(r)
-    # One colour per operation, one line style and marker per world size.
-    colors = {op: f"C{i % 10}" for i, op in enumerate(sorted({op for op, _ in groups}))}
-    world_sizes = sorted({p for _, p in groups})
-    styles = {p: ("-", "--", ":", "-.")[i % 4] for i, p in enumerate(world_sizes)}
-    markers = {p: "osD^v<>p"[i % 8] for i, p in enumerate(world_sizes)}
-    for (op, p), rs in sorted(groups.items()):
-        rs = sorted(rs, key=lambda r: r["bytes"])
-        n = np.array([r["bytes"] for r in rs], dtype=float)
-        med = np.array([median_time(r) for r in rs])
-        q = np.array([measurement(r).quartiles for r in rs])
-        color, name = colors[op], f"{labels[op]}, p={p}"
-        ax_t.errorbar(n, med, yerr=[med - q[:, 0], q[:, 1] - med], fmt=markers[p], ms=4,
-                      color=color, label=name)
-        if fits and (op in fits or op in fits.get(p, {})):
-            grid = np.geomspace(n.min(), n.max(), 50)
-            fit = _fit_for(fits, op, p)
-            ax_t.plot(grid, [fit.predict(p, x) for x in grid], styles[p], color=color, lw=1)
-        ax_bw.plot(n, [ab.busbw_GBps(op, p, x, t) for x, t in zip(n, med)], styles[p],
-                   marker=markers[p], ms=4, color=color, label=name)
-    ax_t.set(xscale="log", yscale="log", xlabel="message size n (bytes)",
-             ylabel="time per call (s), median and IQR",
-             title="measured (points) and fitted α–β model (lines)")
-    ax_bw.set(xscale="log", xlabel="message size n (bytes)",
-              ylabel="bus bandwidth (GB/s, 1 GB = 10⁹ B)", title="nccl-tests busbw")
-    ax_t.legend(fontsize=7)
-    ax_bw.legend(fontsize=7)
-    fig.tight_layout()
-    return fig
-
-
 SIZE_EXPONENTS = (10, 28)     # the widget's range: 2^10 = 1 KiB … 2^28 = 256 MiB
-# The widget's world-size slider stops here by default: each extra CPU rank is a process that
-# imports torch (seconds on a small machine). Pass max_world_size=8 for the full range.
-WIDGET_MAX_WORLD_SIZE = 4
 
 
-def widget_plan(op: str, world_size: int, size_exponents: tuple[int, int], points: int = 5) -> dict:
-    """What the widget will measure: up to `points` sizes between 2^lo and 2^hi bytes,
-    snapped so they split evenly on `world_size` ranks. Pure: tests call it directly."""
+@dataclass(frozen=True)
+class SweepPlan:
+    op: str
+    world_size: int
+    sizes: tuple[int, ...]
+    iters: int
+
+
+def plan_small_sweep(op: str, world_size: int, size_exponents: tuple[int, int],
+                     points: int = 5) -> SweepPlan:
+    """Up to `points` sizes between 2^lo and 2^hi bytes, snapped so they split evenly on
+    `world_size` ranks; fewer iterations for large messages. Pure: tests call it directly."""
     check_ops((op,))
     lo, hi = size_exponents
-    if not (SIZE_EXPONENTS[0] <= lo <= hi <= SIZE_EXPONENTS[1]):
-        raise ValueError(f"size_exponents must satisfy {SIZE_EXPONENTS[0]} <= lo <= hi <= "
-                         f"{SIZE_EXPONENTS[1]}, got {size_exponents}")
+    check_int("size_exponents[0] (log2 bytes)", lo, SIZE_EXPONENTS[0], SIZE_EXPONENTS[1])
+    check_int("size_exponents[1] (log2 bytes)", hi, lo, SIZE_EXPONENTS[1])
     exps = sorted({round(e) for e in np.linspace(lo, hi, min(points, hi - lo + 1))})
-    sizes = sorted({snap_size(2**e, op, world_size) for e in exps})
+    sizes = tuple(sorted({snap_size(2**e, op, world_size) for e in exps}))
     plan_sweep((op,), sizes, (world_size,))  # same checks as any sweep
-    return {"op": op, "world_size": world_size, "sizes": sizes,
-            "iters": 5 if sizes[-1] <= 16 * MiB else 3}
+    return SweepPlan(op, world_size, sizes, 5 if sizes[-1] <= 16 * MiB else 3)
 
 
-def widget_update(ranks, op: str, world_size: int, size_exponents: tuple[int, int]):
-    """The widget's callback: a small live sweep, its fit, and the figure."""
-    plan = widget_plan(op, world_size, size_exponents)
-    records = run_sweep(ranks, (op,), plan["sizes"], (world_size,), iters=plan["iters"],
+@dataclass(frozen=True)
+class SmallSweep:
+    plan: SweepPlan
+    records: list[dict]
+    fits: dict[str, ab.Fit] | None   # None with a single size: nothing to fit
+
+
+def run_small_sweep(ranks, op: str, world_size: int,
+                    size_exponents: tuple[int, int]) -> SmallSweep:
+    """The widget's measurement: a small live sweep and, from two sizes up, its fit."""
+    plan = plan_small_sweep(op, world_size, size_exponents)
+    records = run_sweep(ranks, (op,), plan.sizes, (world_size,), iters=plan.iters,
                         warmup=1, progress=False)
-    fits = fit_sweep(records) if len(records) >= 2 else None
-    return records, fits, plot_sweep(records, fits)
-
-
-def sweep_widget(ranks, max_world_size: int = WIDGET_MAX_WORLD_SIZE):
-    """Operation, world size and size range -> re-run a small sweep and redraw."""
-    import ipywidgets as w
-    import matplotlib.pyplot as plt
-    from IPython.display import display
-
-    op = w.Dropdown(options=sorted(OPS), value="all_reduce", description="operation")
-    p = w.IntSlider(value=2, min=2, max=max_world_size, description="world size p")
-    sizes = w.IntRangeSlider(value=(10, 20), min=SIZE_EXPONENTS[0], max=SIZE_EXPONENTS[1],
-                             description="log2 n (bytes)")
-    button = w.Button(description="run sweep")
-    out = w.Output()
-
-    def on_click(_):
-        with out:
-            out.clear_output(wait=True)
-            records, fits, fig = widget_update(ranks, op.value, p.value, tuple(sizes.value))
-            print(cores_line(records[0]["backend"], p.value))
-            for line in fit_lines(fits or {}, op_labels(records)):
-                print(line)
-            display(fig)
-            plt.close(fig)
-
-    button.on_click(on_click)
-    return w.VBox([w.HBox([op, p]), w.HBox([sizes, button]), out])
-
+    return SmallSweep(plan, records, fit_sweep(records) if len(records) >= 2 else None)

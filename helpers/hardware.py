@@ -10,6 +10,7 @@ Two views of the same machines:
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from typing import NamedTuple
 
 KIB = 1024
 MIB = 1024**2
@@ -131,7 +132,6 @@ H100_SUPERPOD = replace(H100_SXM, name="H100 SXM Superpod", network_levels=(
 PRESETS: dict[str, GPU] = {g.name: g for g in (
     V100_SXM, A100_SXM, H100_SXM, H100_PCIE, GTX_580, H100_LOW_LATENCY, H100_GLOBAL_NVLINK,
     H100_GLOBAL_NVLINK_LL, H100_INFINITE_NETWORK_LL, H100_SUPERPOD)}
-DEFAULT_PRESET = H100_SXM.name
 
 
 # ---------------------------------------------------------------------------------------
@@ -195,10 +195,19 @@ HIERARCHY: dict[str, tuple[Level, ...]] = {
     ),
 }
 
-# Dense matmul peaks used for rooflines (FLOP/s), in the precision a model trains in.
-ROOFLINE_PEAKS: dict[str, tuple[float, float, str]] = {
-    # name: (peak FLOP/s, memory bytes/s, source)
-    "H100 SXM": (989e12, 3.35e12, "H100 datasheet: 989 TFLOP/s dense bf16, 3.35 TB/s HBM3"),
-    "A100 SXM": (312e12, 1.555e12, "A100 datasheet: 312 TFLOP/s dense bf16, 1,555 GB/s"),
-    "GTX 580": (1.581e12, 192.4e9, "cost_model.md: 1.581 TFLOP/s fp32, 192.4 GB/s"),
+class RooflinePeaks(NamedTuple):
+    """A GPU's two roofs: dense matmul FLOP/s (in the precision a model trains in) and
+    memory bytes/s, with where the numbers come from."""
+
+    peak_flops: float
+    memory_Bps: float
+    source: str
+
+
+ROOFLINE_PEAKS: dict[str, RooflinePeaks] = {
+    "H100 SXM": RooflinePeaks(989e12, 3.35e12,
+                              "H100 datasheet: 989 TFLOP/s dense bf16, 3.35 TB/s HBM3"),
+    "A100 SXM": RooflinePeaks(312e12, 1.555e12,
+                              "A100 datasheet: 312 TFLOP/s dense bf16, 1,555 GB/s"),
+    "GTX 580": RooflinePeaks(1.581e12, 192.4e9, "cost_model.md: 1.581 TFLOP/s fp32, 192.4 GB/s"),
 }

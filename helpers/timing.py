@@ -10,6 +10,8 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
+from helpers.checks import check_int
+
 
 def format_seconds(seconds: float) -> str:
     """3 significant digits in the unit a reader thinks in (ns, µs, ms, s)."""
@@ -48,8 +50,8 @@ def measure(fn: Callable[[], object], what: str, repeat: int = 5, warmup: int = 
     `sync` runs before each clock read (e.g. `torch.cuda.synchronize`), so asynchronous
     work is counted where it happens and not where it is launched.
     """
-    if repeat < 1 or warmup < 0:
-        raise ValueError(f"repeat must be >= 1 and warmup >= 0, got repeat={repeat}, warmup={warmup}")
+    check_int("repeat", repeat, 1)
+    check_int("warmup", warmup, 0)
     for _ in range(warmup):
         fn()
     times = []

@@ -8,7 +8,18 @@ import torch
 
 from helpers.cost import alpha_beta as ab
 from helpers import bench
+from helpers.parallel.groups import split_groups
 from helpers.ranks import LiveRanks
+from helpers.views.bench import MAX_WIDGET_WORLD_SIZE, plot_sweep, widget_sweep
+
+PAIRS = [[0, 1], [2, 3]]
+
+
+def time_in_pairs(rank, world_size, ops, nbytes):
+    """Rank function: time every op inside this rank's pair of PAIRS, both pairs at once."""
+    group = split_groups(PAIRS)
+    return [bench.time_collective(rank, world_size, op, nbytes, iters=2, warmup=1, group=group)
+            for op in ops]
 
 
 @pytest.fixture(scope="module")
@@ -147,12 +158,13 @@ def test_reduce_scatter_emulation_is_detected_from_the_ratio():
 # -- bad inputs: one clear error, before any process starts ----------------------------
 
 @pytest.mark.parametrize("kwargs, match", [
-    ({"ops": ("all_reduce", "allreduce")}, "ops: unknown operation 'allreduce'"),
+    ({"ops": ("all_reduce", "allreduce")}, "op must be one of .*, got 'allreduce'"),
     ({"ops": ()}, "ops must name"),
-    ({"ops": ("all_gather",), "sizes": (1000,), "world_sizes": (3,)}, "multiple of 12 bytes"),
-    ({"ops": ("reduce_scatter",), "sizes": (4096, 4100), "world_sizes": (2,)}, "4100 bytes"),
-    ({"ops": ("all_reduce",), "sizes": (6,)}, "multiple of 4 bytes"),
-    ({"ops": ("all_reduce",), "sizes": (0,)}, "positive"),
+    ({"ops": ("all_gather",), "sizes": (1000,), "world_sizes": (3,)},
+     r"sizes \(bytes, all_gather at p=3\) must be a multiple of 12"),
+    ({"ops": ("reduce_scatter",), "sizes": (4096, 4100), "world_sizes": (2,)}, "got 4100"),
+    ({"ops": ("all_reduce",), "sizes": (6,)}, "multiple of 4"),
+    ({"ops": ("all_reduce",), "sizes": (0,)}, "must be >= 1"),
     ({"ops": ("all_reduce",), "world_sizes": (1,)}, "at least 2 ranks"),
     ({"iters": 0}, "iters"),
     ({"warmup": -1}, "warmup"),
@@ -166,7 +178,7 @@ def test_bad_sweep_input_raises_before_starting_ranks(kwargs, match):
 
 def test_bad_benchmark_input_raises_before_starting_ranks():
     from benchmarks import collectives
-    with pytest.raises(ValueError, match="unknown operation"):
+    with pytest.raises(ValueError, match="op must be one of"):
         collectives.main(["--ops", "all_reduce", "bogus"])
     with pytest.raises(ValueError, match="multiple of 12"):
         collectives.main(["--world-size", "3", "--ops", "all_to_all", "--sizes", "1KiB"])
@@ -175,8 +187,10 @@ def test_bad_benchmark_input_raises_before_starting_ranks():
 def test_parse_size():
     assert [bench.parse_size(s) for s in ("4096", "4KiB", "1 MiB", "1MB", "1e3")] == \
         [4096, 4096, 2**20, 10**6, 1000]
-    with pytest.raises(ValueError, match="sizes"):
+    with pytest.raises(ValueError, match="sizes must be whole bytes"):
         bench.parse_size("four")
+    with pytest.raises(ValueError, match="sizes must be whole bytes"):
+        bench.parse_size("1.5")
 
 
 # -- live ranks ------------------------------------------------------------------------
@@ -192,6 +206,18 @@ def test_every_op_runs_and_all_ranks_agree_on_the_times(ranks):
         [(op, n) for op in sorted(ab.OPS) for n in (1024, 65536)]
     rows = bench.result_rows(records, bench.fit_sweep(records))
     assert all(row["time_s"] > 0 and row["predicted_s"] > 0 for row in rows)
+
+
+def test_two_groups_of_two_time_side_by_side(ranks):
+    ranks.resize(4)
+    ops = sorted(ab.OPS)
+    per_rank = ranks.run(time_in_pairs, ops, 4096)
+    for members in PAIRS:
+        first, second = (per_rank[r] for r in members)
+        assert first == second        # each pair agrees on its own slowest times
+        assert [r["op"] for r in first] == ops
+        assert all(r["world_size"] == 2 and min(r["times_s"]) > 0 for r in first)
+    ranks.resize(2)
 
 
 def test_format_bytes_names_only_whole_units():
@@ -231,31 +257,39 @@ def test_benchmark_prints_its_json_last(capsys):
 # -- the widget, at its slider extremes ------------------------------------------------
 
 @pytest.mark.parametrize("op, p, exps, expected", [
-    ("all_reduce", 2, (10, 10), [1024]),
-    ("all_reduce", 8, (28, 28), [2**28]),
-    ("all_gather", 3, (10, 10), [1020]),                  # 1 KiB snapped to 85 × 12 bytes
-    ("send_recv", 2, (10, 28), [2**10, 2**14, 2**19, 2**24, 2**28]),
+    ("all_reduce", 2, (10, 10), (1024,)),
+    ("all_reduce", 8, (28, 28), (2**28,)),
+    ("all_gather", 3, (10, 10), (1020,)),                 # 1 KiB snapped to 85 × 12 bytes
+    ("send_recv", 2, (10, 28), (2**10, 2**14, 2**19, 2**24, 2**28)),
 ])
-def test_widget_plan_at_extremes(op, p, exps, expected):
-    assert bench.widget_plan(op, p, exps)["sizes"] == expected
+def test_small_sweep_plan_at_extremes(op, p, exps, expected):
+    assert bench.plan_small_sweep(op, p, exps).sizes == expected
 
 
 @pytest.mark.parametrize("exps", [(9, 12), (12, 10), (10, 29)])
-def test_widget_plan_rejects_sizes_outside_the_slider(exps):
+def test_small_sweep_plan_rejects_sizes_outside_the_slider(exps):
     with pytest.raises(ValueError, match="size_exponents"):
-        bench.widget_plan("all_reduce", 2, exps)
+        bench.plan_small_sweep("all_reduce", 2, exps)
 
 
 @pytest.mark.parametrize("op, p, exps", [
     ("all_reduce", 2, (10, 10)),        # smallest size: one point, nothing to fit
-    ("all_gather", bench.WIDGET_MAX_WORLD_SIZE, (10, 12)),   # the slider's largest world size
+    ("all_gather", MAX_WIDGET_WORLD_SIZE, (10, 12)),   # the slider's largest world size
     ("all_reduce", 2, (27, 28)),        # largest sizes
 ])
-def test_widget_update_at_extremes(ranks, op, p, exps):
-    import matplotlib.pyplot as plt
-    records, fits, fig = bench.widget_update(ranks, op, p, exps)
-    assert {r["world_size"] for r in records} == {p}
-    assert [r["bytes"] for r in records] == bench.widget_plan(op, p, exps)["sizes"]
-    assert (fits is None) == (len(records) < 2)
+def test_small_sweep_at_extremes(ranks, op, p, exps):
+    sweep = bench.run_small_sweep(ranks, op, p, exps)
+    assert {r["world_size"] for r in sweep.records} == {p}
+    assert tuple(r["bytes"] for r in sweep.records) == sweep.plan.sizes
+    assert (sweep.fits is None) == (len(sweep.records) < 2)
+    fig = plot_sweep(sweep.records, sweep.fits)
     assert "1 GB = 10⁹ B" in fig.axes[1].get_ylabel()
-    plt.close(fig)
+
+
+def test_the_widget_runs_a_sweep_per_click(ranks, capsys):
+    box = widget_sweep(ranks)
+    (op, p), (sizes, button) = box.children[0].children, box.children[1].children
+    assert p.max == MAX_WIDGET_WORLD_SIZE
+    sizes.value = (10, 11)
+    button.click()
+    assert "all_reduce: α = " in capsys.readouterr().out

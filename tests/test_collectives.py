@@ -1,12 +1,22 @@
 """helpers.parallel.collectives: each collective on real ranks equals its one-process definition."""
-import matplotlib
 import pytest
 import torch
 
-matplotlib.use("Agg")
-
 from helpers.parallel import collectives as C
+from helpers.parallel.groups import group_rank, split_groups
 from helpers.ranks import LiveRanks
+from helpers.views.collectives import plot_collectives
+
+PAIRS = [[0, 1], [2, 3]]
+
+
+def in_pairs(rank, world_size, length):
+    """Rank function: every collective inside this rank's pair of PAIRS, side by side."""
+    group = split_groups(PAIRS)
+    results = {op: C.run_collective(rank, world_size, op, length, group=group) for op in C.OPS}
+    return {"group_rank": group_rank(group), "results": results,
+            "two_ways": C.all_reduce_two_ways(rank, world_size, length, group=group),
+            "probe": C.probe_backend(rank, world_size, group=group)}
 
 
 @pytest.fixture(scope="module")
@@ -26,13 +36,30 @@ def test_expected_matches_the_lecture():
 def test_every_collective_on_real_ranks_matches_its_definition(live, world_size, length):
     # run_all raises AssertionError on the first rank whose tensor differs from `expected`.
     done = C.run_all(live, world_size, length)
-    assert set(done["results"]) == set(C.OPS) and done["skipped"] == []
+    assert set(done.results) == set(C.OPS) and done.skipped == ()
 
 
 def test_lengths_that_do_not_split_skip_only_the_splitting_ops(live):
     done = C.run_all(live, 3, 4)
-    assert sorted(done["skipped"]) == sorted(C.SPLITTING_OPS)
-    assert set(done["results"]) == set(C.OPS) - set(C.SPLITTING_OPS)
+    assert sorted(done.skipped) == sorted(C.SPLITTING_OPS)
+    assert set(done.results) == set(C.OPS) - set(C.SPLITTING_OPS)
+
+
+@pytest.mark.parametrize("length", [2, 4])
+def test_two_groups_of_two_each_match_the_two_rank_definition(live, length):
+    live.resize(4)
+    got = live.run(in_pairs, length)
+    for members in PAIRS:
+        mine = [got[r] for r in members]
+        assert [g["group_rank"] for g in mine] == [0, 1]
+        for op in C.OPS:
+            wrong = C.mismatch([g["results"][op] for g in mine], C.expected(op, 2, length))
+            assert wrong is None, f"pair {members} {op}: {wrong}"
+        for g in mine:
+            assert torch.equal(g["two_ways"]["all_reduce"], g["two_ways"]["then_all_gather"])
+            assert torch.equal(g["two_ways"]["all_reduce"],
+                               C.expected("all_reduce", 2, length)[0]["after"])
+            assert g["probe"]["all_reduce_mean"] == "works"
 
 
 def test_all_reduce_is_reduce_scatter_then_all_gather(live):
@@ -59,8 +86,8 @@ def test_backend_gaps_are_probed_and_the_portable_calls_work(live):
 
 
 @pytest.mark.parametrize("op, world_size, length, words", [
-    ("all_reduce", 2, 0, "length must be an int >= 1"),
-    ("scatter", 3, 4, "length must be a multiple of world_size=3"),
+    ("all_reduce", 2, 0, "length must be >= 1, got 0"),
+    ("scatter", 3, 4, r"length must be a multiple of 3 \(scatter cuts"),
     ("allreduce", 2, 4, "op must be one of"),
 ])
 def test_bad_input_is_named(op, world_size, length, words):
@@ -68,14 +95,27 @@ def test_bad_input_is_named(op, world_size, length, words):
         C.expected(op, world_size, length)
 
 
-def test_widget_world_size_out_of_range_is_refused_before_resizing(live):
-    with pytest.raises(ValueError, match="world_size must be between 1 and 8"):
-        C.run_all(live, 9, 4)
+def test_world_size_out_of_range_is_refused_before_resizing(live):
+    live.resize(4)
+    with pytest.raises(ValueError, match="world_size must be between 1 and"):
+        C.run_all(live, 0, 4)
+    with pytest.raises(ValueError, match="op must be one of"):
+        C.run_all(live, 2, 4, ops=("allreduce",))
+    assert live.world_size == 4
 
 
 def test_drawing_at_the_extremes():
     for world_size, length in [(1, 1), (8, 16)]:
         results = {op: C.expected(op, world_size, length) for op in C.OPS}
-        fig = C.draw_many(C.OPS, results)
+        fig = plot_collectives(results)
         assert len(fig.axes) == len(C.OPS)
         assert [ax.get_title() for ax in fig.axes] == list(C.OPS)
+
+
+def test_the_widget_draws_on_live_ranks(live):
+    from helpers.views.collectives import MAX_WIDGET_WORLD_SIZE, widget_collectives
+    box = widget_collectives(live)
+    size, length = box.children[0].children
+    assert size.max == MAX_WIDGET_WORLD_SIZE
+    size.value = 3                 # length 4 does not split in 3: the splitting ops are skipped
+    assert live.world_size == 3

@@ -1,35 +1,39 @@
-"""helpers.roofline and helpers.hierarchy: notebook 00's measurements, roofline and widget."""
-import matplotlib
+"""Notebook 00: the roofline's arithmetic, this machine's measurements, the hierarchy and the
+figures and widget of helpers.views.hardware."""
 import pytest
 
-matplotlib.use("Agg")
-
 from helpers import hierarchy, roofline
+from helpers.cost.roofline import (Roofline, attainable_flops, bound, matmul_intensity,
+                                   matmul_verdicts, published)
 from helpers.hardware import HIERARCHY, ROOFLINE_PEAKS
+from helpers.views.hardware import plot_hierarchy, plot_roofline, widget_roofline
 
 
 def test_h100_ridge_is_the_syllabus_number():
-    assert round(roofline.published("H100 SXM").ridge) == 295
+    assert round(published("H100 SXM").ridge) == 295
+    assert ROOFLINE_PEAKS["H100 SXM"].peak_flops == ROOFLINE_PEAKS["H100 SXM"][0] == 989e12
 
 
 def test_attainable_is_the_lower_of_the_two_roofs():
-    m = roofline.Machine("toy", peak_flops=100.0, memory_Bps=10.0)  # ridge 10
-    assert roofline.attainable_flops(1, m) == 10
-    assert roofline.attainable_flops(10, m) == 100
-    assert roofline.attainable_flops(1000, m) == 100
-    assert roofline.bound(9.9, m) == "memory-bound" and roofline.bound(10, m) == "compute-bound"
+    m = Roofline("toy", peak_flops=100.0, memory_Bps=10.0)  # ridge 10
+    assert attainable_flops(1, m) == 10
+    assert attainable_flops(10, m) == 100
+    assert attainable_flops(1000, m) == 100
+    assert bound(9.9, m) == "memory-bound" and bound(10, m) == "compute-bound"
 
 
 def test_matmul_intensity():
     # 2 n^3 FLOPs over 3 n^2 elements: n/6 for fp32, n/3 for bf16
-    assert roofline.matmul_intensity(1200, "float32") == pytest.approx(200)
-    assert roofline.matmul_intensity(1200, "bfloat16") == pytest.approx(400)
+    assert matmul_intensity(1200, "float32") == pytest.approx(200)
+    assert matmul_intensity(1200, "bfloat16") == pytest.approx(400)
 
 
 @pytest.mark.parametrize("call, words", [
-    (lambda: roofline.matmul_intensity(0), "n must be >= 1"),
-    (lambda: roofline.matmul_intensity(8, "int4"), "dtype must be one of"),
-    (lambda: roofline.attainable_flops(0, roofline.published("GTX 580")), "intensity must be > 0"),
+    (lambda: matmul_intensity(0), "n must be >= 1, got 0"),
+    (lambda: matmul_intensity(8, "int4"), "dtype must be one of"),
+    (lambda: attainable_flops(0, published("GTX 580")), "intensity must be > 0 FLOP/byte"),
+    (lambda: published("B200"), "name must be one of"),
+    (lambda: hierarchy.ratio("H100 SXM", "NVLink", "Carrier pigeon"), "prefix must start one of"),
 ])
 def test_bad_input(call, words):
     with pytest.raises(ValueError, match=words):
@@ -38,17 +42,26 @@ def test_bad_input(call, words):
 
 @pytest.mark.parametrize("n", [1, 16384])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_widget_callback_at_slider_extremes(n, dtype):
-    machines = [roofline.published(name) for name in ROOFLINE_PEAKS]
-    rows = roofline.intensity_report(n, dtype, machines)
-    assert [r["machine"] for r in rows] == list(ROOFLINE_PEAKS)
-    for r in rows:
-        assert 0 < r["attainable_fraction"] <= 1
-        assert r["bound"] == ("compute-bound" if r["intensity"] >= r["ridge"] else "memory-bound")
+def test_widget_numbers_at_slider_extremes(n, dtype):
+    roofs = [published(name) for name in ROOFLINE_PEAKS]
+    verdicts = matmul_verdicts(n, dtype, roofs)
+    assert [v.machine for v in verdicts] == list(ROOFLINE_PEAKS)
+    for v in verdicts:
+        assert 0 < v.attainable_fraction <= 1
+        assert v.bound == ("compute-bound" if v.intensity >= v.ridge else "memory-bound")
     if n == 1:  # a 1x1x1 matmul is memory-bound on every machine
-        assert {r["bound"] for r in rows} == {"memory-bound"}
-    ax = roofline.plot(machines, {"n": rows[0]["intensity"]})
-    assert len(ax.get_lines()) >= len(machines)
+        assert {v.bound for v in verdicts} == {"memory-bound"}
+    fig = plot_roofline(roofs, {"n": verdicts[0].intensity}, title="t")
+    assert len(fig.axes[0].get_lines()) >= len(roofs) and fig.axes[0].get_title() == "t"
+
+
+def test_widget_redraws_at_its_extremes(capsys):
+    box = widget_roofline([published("H100 SXM")])
+    size, dtype = box.children[0].children
+    size.value, dtype.value = size.min, "bfloat16"
+    size.value = size.max
+    # Outside a kernel the Output widget passes its prints through: one verdict per redraw.
+    assert capsys.readouterr().out.count("H100 SXM: ") == 4
 
 
 def test_measurements_are_positive_and_plausible():
@@ -63,16 +76,18 @@ def test_hierarchy_tables_and_ratios():
     assert "450 GB/s" in text and "3,350 GB/s" in text and "80 GB" in text
     assert hierarchy.ratio("H100 SXM", "NVLink", "InfiniBand") == pytest.approx(9.0)
     for gpu in HIERARCHY:
-        ax = hierarchy.draw(gpu)
-        assert ax.get_title().startswith(gpu)
+        fig = plot_hierarchy(gpu)
+        assert fig.axes[0].get_title().startswith(gpu)
         assert len(hierarchy.sources(gpu).splitlines()) == len(HIERARCHY[gpu])
+    assert [ax.get_title().split(":")[0] for ax in plot_hierarchy(list(HIERARCHY)).axes] == \
+        list(HIERARCHY)
 
 
 def test_hierarchy_per_direction_agrees_with_the_cost_model_records():
     """The simulator counts link bandwidth in both directions; notebook 00 shows one direction."""
     from helpers.hardware import GTX_580, H100_SXM
     def per_direction(gpu, prefix):
-        return next(lv.bandwidth_Bps for lv in HIERARCHY[gpu] if lv.name.startswith(prefix))
+        return hierarchy.level(gpu, prefix).bandwidth_Bps
     assert H100_SXM.network_levels[0].bandwidth_Bps / 2 == per_direction("H100 SXM", "NVLink")
     assert H100_SXM.network_levels[1].bandwidth_Bps / 2 == per_direction("H100 SXM", "InfiniBand")
     assert GTX_580.network_levels[1].bandwidth_Bps / 2 == per_direction("GTX 580", "InfiniBand")

@@ -10,9 +10,10 @@ import pytest
 from helpers.hardware import GTX_580, H100_SXM
 from helpers.simulator.curve import run_curve
 from helpers.simulator.settings import Settings
-from helpers.views.simulator import (Configuration, SimulatorApp, breakdown_figure,
-                                       breakdown_parts, configuration_from_form, describe,
-                                       form_values, summary_rows)
+from helpers.views.simulator import (Configuration, SimulatorApp, breakdown_parts,
+                                     configuration_from_form, describe, form_values,
+                                     plot_breakdown, summary_html, summary_rows,
+                                     widget_simulator)
 
 
 def small_app(**kw) -> SimulatorApp:
@@ -29,14 +30,15 @@ def test_run_at_slider_extremes(months, threshold):
     assert curve.settings.months == app.months.value
     assert app.progress.value == 1.0 and not app.run_button.disabled
     (row,) = summary_rows(curves)
-    end = row["linear_scaling_ends"]
+    end = row.linear_scaling_ends
     if threshold == 1.0:  # nothing reaches the ceiling itself: scaling "ends" at once
-        assert end["compute_flop"] == float(curve.points[0].model.C)
+        assert end.compute_flop == float(curve.points[0].model.C)
     else:
-        assert row["max_feasible_at_threshold"]["compute_flop"] is not None
-    largest = row["largest_feasible"]
-    assert largest["months"] <= months
-    assert largest["cost_usd"] is None  # no price for an H100 unless one is given
+        assert row.max_feasible_at_threshold.compute_flop is not None
+    largest = row.largest_feasible
+    assert largest.months <= months
+    assert largest.cost_usd is None  # no price for an H100 unless one is given
+    assert "<td>H100</td>" in summary_html([row])
 
 
 def test_longer_runs_push_the_wall_out():
@@ -61,7 +63,7 @@ def test_breakdown_parts_add_up_to_the_step_when_nothing_overlaps():
     point = curve.points[0]
     parts = breakdown_parts(point, settings)
     assert sum(parts.values()) == pytest.approx(point.plan.time.step, rel=1e-9)
-    assert breakdown_figure(point, settings) is not None
+    assert plot_breakdown(point, settings) is not None
 
 
 def test_download_is_the_cli_json():
@@ -139,3 +141,14 @@ def test_describe_names_the_layout():
     text = describe(curve.linear_scaling_ends(), price=1.0)
     assert "TP (8, 64)" in text and "PP 64" in text and "DP 256" in text and "$" in text
     assert "infeasible" in describe(curve.points[-1])
+    # The course's notation: d is the data degree and s the sequence, so the text spells out
+    # the model's width, experts and tokens per batch.
+    assert "width 12288" in describe(curve.points[0]) and "experts 1" in text
+    assert "tokens per batch" in text and "d =" not in text and "s =" not in text
+
+
+def test_the_layout_holds_the_apps_controls():
+    app = small_app()
+    box = widget_simulator(app)
+    assert box.children[0].children == (app.months, app.threshold)
+    assert app.run_button in box.children[4].children

@@ -17,12 +17,13 @@ from __future__ import annotations
 
 import json
 import os
-import statistics
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable
 
 import numpy as np
+
+from helpers.checks import check_choice, check_int, check_number
 
 GB = 1e9          # every bandwidth in this course: 1 GB = 10^9 bytes (nccl-tests does the same)
 GiB = 1024**3     # what `x / 1024**3` computes: 7.4% more than a GB
@@ -59,16 +60,13 @@ OPS: dict[str, CollectiveModel] = {m.name: m for m in (
 
 
 def model(op: str) -> CollectiveModel:
-    if op not in OPS:
-        raise ValueError(f"op must be one of {sorted(OPS)}, got {op!r}")
-    return OPS[op]
+    return OPS[check_choice("op", op, sorted(OPS))]
 
 
 def coefficients(op: str, p: int) -> tuple[float, float]:
     """(a(p), b(p)): the number of α and of n·β the algorithm pays on p ranks."""
     m = model(op)
-    if isinstance(p, bool) or not isinstance(p, int) or p < 2:
-        raise ValueError(f"world size p must be an int >= 2 for a collective, got {p!r}")
+    check_int("world size p (a collective needs 2 ranks)", p, 2)
     return float(m.latency_steps(p)), float(m.bus_factor(p))
 
 
@@ -119,17 +117,16 @@ def fit_alpha_beta(op: str, points: Iterable[tuple[int, float, float]],
     with large relative errors. "relative" divides each equation by its t, minimising the
     relative error instead: every size counts the same.
     """
-    if weighting not in ("relative", "absolute"):
-        raise ValueError(f"weighting must be 'relative' or 'absolute', got {weighting!r}")
+    check_choice("weighting", weighting, ("relative", "absolute"))
     rows, times = [], []
     for p, nbytes, seconds in points:
-        if not seconds > 0:
-            raise ValueError(f"measured times must be > 0 s, got {seconds!r}")
+        check_number("measured time", seconds, 0, low_inclusive=False, unit="s")
         a, b = coefficients(op, p)
         rows.append((a, b * nbytes))
         times.append(seconds)
     if len(rows) < 2:
-        raise ValueError(f"need at least 2 measured points to fit α and β for {op}, got {len(rows)}")
+        raise ValueError(f"points must hold at least 2 measurements to fit α and β for {op}, "
+                         f"got {len(rows)}")
     A, t = np.array(rows, dtype=float), np.array(times, dtype=float)
     w = 1 / t if weighting == "relative" else np.ones_like(t)
     # Scale the β column so both unknowns are of order one: better conditioned.
@@ -147,12 +144,6 @@ def fit_alpha_beta(op: str, points: Iterable[tuple[int, float, float]],
 
 def relative_error(predicted: float, measured: float) -> float:
     return abs(predicted - measured) / measured
-
-
-def median_relative_error(fits: dict[str, Fit], points: Iterable[tuple[str, int, float, float]]) -> float:
-    """Median over (op, p, n_bytes, seconds) points of |predicted − measured| / measured."""
-    errors = [relative_error(fits[op].predict(p, n), t) for op, p, n, t in points]
-    return statistics.median(errors)
 
 
 # ----------------------------------------------------------------------------------------

@@ -1,35 +1,40 @@
-"""The eight collectives of notebook 01, run on real ranks and drawn rank by rank.
+"""The eight collectives of notebook 01, run on real ranks and checked against their definition.
 
 Every rank starts from the lecture's tensor, `arange(length) + rank` (so with 4 ranks and
-length 4, rank r holds [0, 1, 2, 3] + r); all-to-all uses `10 * rank + arange(length)`. `run_collective` is the rank function; `expected`
-computes the same answer in one process, so the notebook and the tests can check the real
-collective against what it is supposed to do.
+length 4, rank r holds [0, 1, 2, 3] + r); all-to-all uses `10 * rank + arange(length)`.
+`run_collective` is the rank function; `expected` computes the same answer in one process, so
+the notebook and the tests can check the real collective against what it is supposed to do.
+
+Every rank function takes `group=None` (the whole world): inside a group, `rank` and the
+number of ranks are the group's, and the rooted collectives' root is the group's member 0
+(given to torch as its global rank). The drawings are in `helpers.views.collectives`.
 """
 from __future__ import annotations
 
-import contextlib
-import os
 import re
-import sys
+import time
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+
+from helpers.checks import check_choice, check_divisible, check_int
+from helpers.parallel.groups import (all_gather_into, all_reduce_mean, fd2_muted, global_rank,
+                                     group_rank, group_size, rank_device, reduce_scatter_into)
 
 OPS = ("broadcast", "scatter", "gather", "reduce",
        "all_gather", "reduce_scatter", "all_reduce", "all_to_all")
 # Collectives that cut a tensor into one chunk per rank need a length divisible by the ranks.
 SPLITTING_OPS = ("scatter", "reduce_scatter", "all_to_all")
-ROOT = 0  # the source / destination rank of the rooted collectives
+ROOT = 0  # the source / destination of the rooted collectives: member 0 of the group
 
 
 def check_op(op: str, world_size: int, length: int) -> None:
-    if op not in OPS:
-        raise ValueError(f"op must be one of {OPS}, got {op!r}")
-    if isinstance(length, bool) or not isinstance(length, int) or length < 1:
-        raise ValueError(f"length must be an int >= 1, got {length!r}")
-    if op in SPLITTING_OPS and length % world_size:
-        raise ValueError(f"length must be a multiple of world_size={world_size} for {op} "
-                         f"(it cuts the tensor into one chunk per rank), got {length}")
+    check_choice("op", op, OPS)
+    check_int("length", length, 1)
+    if op in SPLITTING_OPS:
+        check_divisible("length", length, world_size,
+                        f"{op} cuts the tensor into one chunk per rank of {world_size}")
 
 
 def start_tensor(rank: int, length: int, op: str = "") -> torch.Tensor:
@@ -43,47 +48,45 @@ def start_tensor(rank: int, length: int, op: str = "") -> torch.Tensor:
     return torch.arange(length, dtype=torch.float32) + rank
 
 
-def _device() -> torch.device:
-    if dist.is_initialized() and dist.get_backend() == "nccl":
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
-
-
-def run_collective(rank: int, world_size: int, op: str, length: int = 4) -> dict:
+def run_collective(rank: int, world_size: int, op: str, length: int = 4, group=None) -> dict:
     """Rank function: one collective on `arange(length) + rank`; returns before and after.
 
-    `None` stands for "this rank holds nothing here" (e.g. non-root ranks of a gather).
+    `rank` is the group's (`group_rank(group)`); `None` stands for "this rank holds nothing
+    here" (e.g. non-root ranks of a gather).
     """
-    check_op(op, world_size, length)
-    x = start_tensor(rank, length, op).to(_device())
+    rank, size = group_rank(group), group_size(group)
+    check_op(op, size, length)
+    root = global_rank(group, ROOT)
+    x = start_tensor(rank, length, op).to(rank_device())
     before = x.clone()
-    chunks = list(x.chunk(world_size)) if op in SPLITTING_OPS else None
+    chunks = list(x.chunk(size)) if op in SPLITTING_OPS else None
     if op == "broadcast":
-        dist.broadcast(x, src=ROOT)
+        dist.broadcast(x, src=root, group=group)
         after = x
     elif op == "scatter":
         before = x.clone() if rank == ROOT else None
-        after = torch.empty(length // world_size, device=x.device)
-        dist.scatter(after, [c.contiguous() for c in chunks] if rank == ROOT else None, src=ROOT)
+        after = torch.empty(length // size, device=x.device)
+        dist.scatter(after, [c.contiguous() for c in chunks] if rank == ROOT else None,
+                     src=root, group=group)
     elif op == "gather":
-        bucket = [torch.empty_like(x) for _ in range(world_size)] if rank == ROOT else None
-        dist.gather(x, bucket, dst=ROOT)
+        bucket = [torch.empty_like(x) for _ in range(size)] if rank == ROOT else None
+        dist.gather(x, bucket, dst=root, group=group)
         after = torch.cat(bucket) if rank == ROOT else None
     elif op == "reduce":
-        dist.reduce(x, dst=ROOT, op=dist.ReduceOp.SUM)
+        dist.reduce(x, dst=root, op=dist.ReduceOp.SUM, group=group)
         after = x if rank == ROOT else None  # other ranks' buffers are unspecified
     elif op == "all_gather":
-        after = torch.empty(length * world_size, device=x.device)
-        dist.all_gather_single(after, x)
+        after = torch.empty(length * size, device=x.device)
+        all_gather_into(after, x, group=group)
     elif op == "reduce_scatter":
-        after = torch.empty(length // world_size, device=x.device)
-        dist.reduce_scatter_single(after, x, op=dist.ReduceOp.SUM)
+        after = torch.empty(length // size, device=x.device)
+        reduce_scatter_into(after, x, group=group)
     elif op == "all_reduce":
-        dist.all_reduce(x, op=dist.ReduceOp.SUM)
+        dist.all_reduce(x, op=dist.ReduceOp.SUM, group=group)
         after = x
     else:  # all_to_all: chunk j of rank r goes to rank j, which stacks them in rank order
         after = torch.empty_like(x)
-        dist.all_to_all_single(after, x)
+        dist.all_to_all_single(after, x, group=group)
     return {"before": before, "after": after}
 
 
@@ -116,21 +119,32 @@ def expected(op: str, world_size: int, length: int = 4) -> list[dict]:
     return out
 
 
-def all_reduce_two_ways(rank: int, world_size: int, length: int = 4) -> dict:
+def mismatch(got: list[dict], want: list[dict]) -> str | None:
+    """The first rank whose before/after differs from `expected`, in words; None if all agree."""
+    for rank, (g, w) in enumerate(zip(got, want)):
+        for key in ("before", "after"):
+            if (g[key] is None) != (w[key] is None) or (
+                    g[key] is not None and not torch.equal(g[key].cpu(), w[key])):
+                return f"rank {rank} {key} is {g[key]}, expected {w[key]}"
+    return None
+
+
+def all_reduce_two_ways(rank: int, world_size: int, length: int = 4, group=None) -> dict:
     """Rank function: all-reduce, and reduce-scatter followed by all-gather, on the same data."""
-    check_op("reduce_scatter", world_size, length)
-    direct = start_tensor(rank, length).to(_device())
-    dist.all_reduce(direct)
-    piece = torch.empty(length // world_size, device=direct.device)
-    dist.reduce_scatter_single(piece, start_tensor(rank, length).to(direct.device))
+    rank, size = group_rank(group), group_size(group)
+    check_op("reduce_scatter", size, length)
+    direct = start_tensor(rank, length).to(rank_device())
+    dist.all_reduce(direct, group=group)
+    piece = torch.empty(length // size, device=direct.device)
+    reduce_scatter_into(piece, start_tensor(rank, length).to(direct.device), group=group)
     rebuilt = torch.empty(length, device=direct.device)
-    dist.all_gather_single(rebuilt, piece)
+    all_gather_into(rebuilt, piece, group=group)
     return {"all_reduce": direct, "reduce_scatter": piece, "then_all_gather": rebuilt}
 
 
-def lecture_example(rank: int, world_size: int) -> dict:
+def lecture_example(rank: int, world_size: int, group=None) -> dict:
     """The lecture's running example: rank r holds [0, 1, 2, 3] + r."""
-    result = all_reduce_two_ways(rank, world_size, length=4)
+    result = all_reduce_two_ways(rank, world_size, length=4, group=group)
     return {k: v.tolist() for k, v in result.items()}
 
 
@@ -138,51 +152,17 @@ def lecture_example(rank: int, world_size: int) -> dict:
 # Gaps between backends: probe what this torch's backend does, and the portable way.
 # ---------------------------------------------------------------------------------------
 
-def _muted(call, *args):
-    with fd2_muted():
-        return call(*args)
-
-
-def all_reduce_mean(tensor: torch.Tensor) -> torch.Tensor:
-    """Average across ranks in place; SUM then divide where the backend has no AVG."""
-    try:
-        dist.all_reduce(tensor, op=dist.ReduceOp.AVG)
-    except (RuntimeError, ValueError):
-        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
-        tensor /= dist.get_world_size()
-    return tensor
-
-
-def reduce_scatter_rows(output: torch.Tensor, input: torch.Tensor) -> torch.Tensor:
+def reduce_scatter_rows(output: torch.Tensor, input: torch.Tensor, group=None) -> torch.Tensor:
     """Reduce-scatter that accepts any layout: gloo checks dim 0, NCCL only the element count.
 
     Flattening both sides makes the split happen over the flat memory, which is what
     NCCL does anyway, so the result is the same on every backend.
     """
-    dist.reduce_scatter_single(output.view(-1), input.contiguous().view(-1))
+    reduce_scatter_into(output.view(-1), input.contiguous().view(-1), group=group)
     return output
 
 
-@contextlib.contextmanager
-def fd2_muted():
-    """Silence file descriptor 2 for a moment.
-
-    gloo logs a failed check straight to fd 2 (with a timestamp), bypassing sys.stderr, and a
-    rank's fd 2 is the notebook's: the exception already carries the same words, so the
-    duplicate would only add a line that changes every run.
-    """
-    sys.stderr.flush()
-    saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, 2)
-    try:
-        yield
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
-        os.close(devnull)
-
-
-def probe_backend(rank: int, world_size: int) -> dict:
+def probe_backend(rank: int, world_size: int, group=None) -> dict:
     """Rank function: try the calls the lecture makes that some backends refuse."""
     def attempt(call):
         try:
@@ -193,97 +173,52 @@ def probe_backend(rank: int, world_size: int) -> dict:
             # Drop the C++ prefix "[rank0]:[F1129 12:00:00.0 File.cpp:123] " (time, path).
             return "fails: " + re.sub(r"^\[rank\d+\]:\[[^\]]*\]\s*", "", first)[:90]
 
-    x = start_tensor(rank, 4).to(_device())
+    def lecture_call():
+        with fd2_muted():
+            reduce_scatter_into(lecture_output, lecture_input, group=group)
+
+    size = group_size(group)
+    x = start_tensor(group_rank(group), 4).to(rank_device())
     n = 4
-    lecture_input = torch.randn(world_size, n, device=x.device)   # the lecture's 2-D input
+    lecture_input = torch.randn(size, n, device=x.device)   # the lecture's 2-D input
     lecture_output = torch.empty(n, device=x.device)
     flat_output = torch.empty(n, device=x.device)
     return {
-        "backend": dist.get_backend(),
-        "all_reduce(op=AVG)": attempt(lambda: dist.all_reduce(x.clone(), op=dist.ReduceOp.AVG)),
-        "reduce_scatter(2-D input (w, n) -> output (n,))":
-            attempt(lambda: _muted(dist.reduce_scatter_single, lecture_output, lecture_input)),
+        "backend": dist.get_backend(group),
+        "all_reduce(op=AVG)":
+            attempt(lambda: dist.all_reduce(x.clone(), op=dist.ReduceOp.AVG, group=group)),
+        "reduce_scatter(2-D input (w, n) -> output (n,))": attempt(lecture_call),
         "reduce_scatter_rows (flattened)":
-            attempt(lambda: reduce_scatter_rows(flat_output, lecture_input)),
-        "all_reduce_mean": attempt(lambda: all_reduce_mean(x.clone())),
+            attempt(lambda: reduce_scatter_rows(flat_output, lecture_input, group=group)),
+        "all_reduce_mean": attempt(lambda: all_reduce_mean(x.clone(), group=group)),
     }
 
 
 # ---------------------------------------------------------------------------------------
-# Drawing: one row per rank, the tensor before and after, cells coloured by value.
+# Every collective on live ranks, checked (notebook 01's figure and widget draw the result).
 # ---------------------------------------------------------------------------------------
 
-def draw(op: str, results: list[dict], ax=None):
-    """Draw what each rank held before and after `op`. Returns the matplotlib Axes."""
-    import matplotlib.pyplot as plt
-    from matplotlib.patches import Rectangle
+@dataclass(frozen=True)
+class CollectiveRun:
+    """What `run_all` ran: per op, each rank's before/after; and the ops it had to leave out."""
 
-    world_size = len(results)
-    longest = max(len(r[k]) for r in results for k in ("before", "after") if r[k] is not None)
-    width = max(longest, 1)
-    if ax is None:
-        _, ax = plt.subplots(figsize=(2.2 + 0.45 * 2 * width, 0.5 + 0.45 * world_size))
-    values = [float(v) for r in results for k in ("before", "after") if r[k] is not None
-              for v in r[k].tolist()]
-    hi = max(values + [1.0])
-    cmap = plt.get_cmap("viridis")
-    gap = 1.5
-    for rank, res in enumerate(results):
-        y = world_size - 1 - rank
-        ax.text(-0.3, y + 0.5, f"rank {rank}", ha="right", va="center", fontsize=9)
-        for column, key in enumerate(("before", "after")):
-            x0 = column * (width + gap)
-            tensor = res[key]
-            if tensor is None:
-                ax.text(x0 + 0.1, y + 0.5, "—", va="center", color="0.5", fontsize=9)
-                continue
-            for i, v in enumerate(tensor.tolist()):
-                ax.add_patch(Rectangle((x0 + i, y + 0.05), 0.95, 0.9,
-                                       color=cmap(0.15 + 0.75 * v / hi)))
-                ax.text(x0 + i + 0.47, y + 0.5, f"{v:g}", ha="center", va="center",
-                        fontsize=8, color="white" if v / hi < 0.6 else "black")
-    for column, key in enumerate(("before", "after")):
-        ax.text(column * (width + gap) + width / 2, world_size + 0.15, key, ha="center",
-                fontsize=10, weight="bold")
-    ax.annotate("", xy=(width + gap - 0.15, world_size / 2), xytext=(width + 0.15, world_size / 2),
-                arrowprops=dict(arrowstyle="->", lw=1.5))
-    ax.set_xlim(-1.6, 2 * width + gap + 0.2)
-    ax.set_ylim(-0.2, world_size + 0.6)
-    ax.set_title(op, fontsize=11)
-    ax.axis("off")
-    return ax
+    world_size: int
+    length: int
+    results: dict[str, list[dict]]
+    skipped: tuple[str, ...]
 
 
-def draw_many(ops, results_by_op: dict, columns: int = 2):
-    import matplotlib.pyplot as plt
-    ops = list(ops)
-    rows = -(-len(ops) // columns)
-    world_size = len(next(iter(results_by_op.values())))
-    fig, axes = plt.subplots(rows, columns, figsize=(6.5 * columns, (0.9 + 0.45 * world_size) * rows))
-    axes = [axes] if rows * columns == 1 else list(getattr(axes, "flat", axes))
-    for ax, op in zip(axes, ops):
-        draw(op, results_by_op[op], ax=ax)
-    for ax in axes[len(ops):]:
-        ax.axis("off")
-    fig.tight_layout()
-    return fig
-
-
-# ---------------------------------------------------------------------------------------
-# The widget of notebook 01: world size and length -> the collectives, re-run on live ranks.
-# ---------------------------------------------------------------------------------------
-
-MAX_WIDGET_WORLD_SIZE = 8
-
-
-def run_all(live, world_size: int, length: int, ops=OPS) -> dict:
+def run_all(live, world_size: int, length: int, ops=OPS) -> CollectiveRun:
     """Run `ops` on `live` ranks resized to `world_size`; check each against `expected`.
 
-    Returns {op: per-rank results}. Ops that cannot cut `length` into `world_size` chunks
-    are left out (and named in the returned "skipped" list) rather than failing the rest.
+    Ops that cannot cut `length` into `world_size` chunks are left out (named in `skipped`)
+    rather than failing the rest; AssertionError names the first rank that differs.
     """
-    if not 1 <= world_size <= MAX_WIDGET_WORLD_SIZE:
-        raise ValueError(f"world_size must be between 1 and {MAX_WIDGET_WORLD_SIZE}, got {world_size}")
+    from helpers.ranks import check_world_size
+    check_world_size(world_size)
+    check_int("length", length, 1)
+    for op in ops:
+        check_choice("op", op, OPS)
     live.resize(world_size)
     results, skipped = {}, []
     for op in ops:
@@ -291,69 +226,41 @@ def run_all(live, world_size: int, length: int, ops=OPS) -> dict:
             skipped.append(op)
             continue
         got = live.run(run_collective, op, length)
-        want = expected(op, world_size, length)
-        for rank, (g, w) in enumerate(zip(got, want)):
-            for key in ("before", "after"):
-                if (g[key] is None) != (w[key] is None) or (
-                        g[key] is not None and not torch.equal(g[key], w[key])):
-                    raise AssertionError(f"{op}: rank {rank} {key} is {g[key]}, expected {w[key]}")
+        wrong = mismatch(got, expected(op, world_size, length))
+        if wrong:
+            raise AssertionError(f"{op}: {wrong}")
         results[op] = got
-    return {"results": results, "skipped": skipped}
+    return CollectiveRun(world_size, length, results, tuple(skipped))
 
 
-def widget(live):
-    """Sliders for world size (1-8) and length; redraws every collective on each change."""
-    import ipywidgets as w
-    import matplotlib.pyplot as plt
-    from IPython.display import display
+# ---------------------------------------------------------------------------------------
+# Small rank functions of notebook 01 and the benchmarks.
+# ---------------------------------------------------------------------------------------
 
-    size = w.IntSlider(value=live.world_size, min=1, max=MAX_WIDGET_WORLD_SIZE,
-                       description="world size")
-    length = w.IntSlider(value=4, min=1, max=16, description="length")
-    out = w.Output()
-
-    def redraw(*_):
-        with out:
-            out.clear_output(wait=True)
-            done = run_all(live, size.value, length.value)
-            if done["results"]:
-                draw_many(list(done["results"]), done["results"])
-                plt.show()
-            if done["skipped"]:
-                print(f"skipped {', '.join(done['skipped'])}: length {length.value} does not "
-                      f"split into {size.value} equal chunks")
-
-    size.observe(redraw, names="value")
-    length.observe(redraw, names="value")
-    redraw()
-    display(w.VBox([w.HBox([size, length]), out]))
-
-
-def all_reduce_once(rank: int, world_size: int, numel: int = 4) -> float:
+def all_reduce_once(rank: int, world_size: int, numel: int = 4, group=None) -> float:
     """Rank function: one small all-reduce; the unit of interactivity in benchmarks."""
-    x = start_tensor(rank, numel).to(_device())
-    dist.all_reduce(x)
+    x = start_tensor(group_rank(group), numel).to(rank_device())
+    dist.all_reduce(x, group=group)
     return float(x[0])
 
 
-def forgetful_all_reduce(rank: int, world_size: int) -> str:
+def forgetful_all_reduce(rank: int, world_size: int, group=None) -> str:
     """Rank function: every rank but the last calls all_reduce; the rest wait for it forever.
 
     The rule it breaks: every rank of a group must call every collective, in the same order.
     """
-    if rank == world_size - 1:
+    if group_rank(group) == group_size(group) - 1:
         return "returned without calling all_reduce"
-    x = start_tensor(rank, 4).to(_device())
-    dist.all_reduce(x)
+    x = start_tensor(group_rank(group), 4).to(rank_device())
+    dist.all_reduce(x, group=group)
     return "done"
 
 
-def barrier_demo(rank: int, world_size: int, seconds_per_rank: float = 0.2) -> dict:
+def barrier_demo(rank: int, world_size: int, seconds_per_rank: float = 0.2, group=None) -> dict:
     """Rank function: ranks arrive at a barrier at different times and leave it together."""
-    import time
     start = time.monotonic()
-    time.sleep(seconds_per_rank * rank)
+    time.sleep(seconds_per_rank * group_rank(group))
     arrived = time.monotonic() - start
-    dist.barrier()
+    dist.barrier(group=group)
     left = time.monotonic() - start
     return {"arrived_s": round(arrived, 2), "left_s": round(left, 2)}

@@ -7,6 +7,10 @@ numbered 0 … size−1 (`group_rank`); point-to-point calls and `src`/`dst` arg
 """
 from __future__ import annotations
 
+import contextlib
+import os
+import sys
+
 import torch
 import torch.distributed as dist
 
@@ -86,3 +90,22 @@ def all_reduce_mean_async(tensor: torch.Tensor, group=None) -> PendingMean:
     size on `wait()` (so it runs on every backend, like all_reduce_mean's fallback)."""
     work = dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=group, async_op=True)
     return PendingMean(work, tensor, dist.get_world_size(group))
+
+
+@contextlib.contextmanager
+def fd2_muted():
+    """Silence file descriptor 2 for a moment.
+
+    gloo logs a failed check straight to fd 2 (with a timestamp), bypassing sys.stderr, and a
+    rank's fd 2 is the notebook's: the exception already carries the same words, so the
+    duplicate would only add a line that changes every run.
+    """
+    sys.stderr.flush()
+    saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 2)
+    try:
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)

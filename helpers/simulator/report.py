@@ -10,8 +10,9 @@ import math
 
 from .config import PRICES_USD, gpu_to_json
 from .curve import Curve, Point
+from .settings import SECONDS_PER_YEAR
 
-SECONDS_PER_MONTH = 3.154e7 / 12
+SECONDS_PER_MONTH = SECONDS_PER_YEAR / 12
 
 
 def _finite(x):
@@ -54,6 +55,7 @@ def bubble_seconds(t, settings) -> float:
 
 
 def price_of(curve: Curve) -> float | None:
+    """USD per GPU: the configuration's own price, else the GPU's known one, else None."""
     p = curve.settings.price_per_gpu
     return p if p is not None else PRICES_USD.get(curve.gpu.name)
 

@@ -1,8 +1,10 @@
 """Notebook 06's interactive simulator: pure functions for figures and tables, and a thin
-ipywidgets shell (`SimulatorApp`) that only wires them to controls.
+ipywidgets shell (`SimulatorApp`, laid out by `widget_simulator`) that only wires them to
+controls.
 
 Everything a reader sees is computed by the functions here from `Curve`s, so the tests call
-the same functions (and the app's callbacks) without a browser.
+the same functions (and the app's callbacks) without a browser. Printed text says width,
+experts and tokens per batch where the spec writes d, s and B (see `helpers.simulator`).
 """
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ from helpers.hardware import GPU, GTX_580, H100_SXM, NetworkLevel, PRESETS
 
 from helpers.simulator.config import PRICES_USD, validate_gpu
 from helpers.simulator.curve import Curve, Point, run_curve
-from helpers.simulator.report import SECONDS_PER_MONTH, bubble_seconds, dumps
+from helpers.simulator.report import SECONDS_PER_MONTH, bubble_seconds, dumps, price_of
 from helpers.simulator.settings import BATCH_LAWS, SCHEDULES, Settings, validate_settings
 
 
@@ -58,7 +60,7 @@ def compute(configs: list[Configuration], months: float, threshold: float,
 
 # --- figures and tables: pure functions of curves --------------------------------------
 
-def mfu_figure(curves: dict[str, Curve]) -> Figure:
+def plot_mfu(curves: dict[str, Curve]) -> Figure:
     """Tab 1: MFU against training compute, one line per configuration."""
     fig = Figure(figsize=(8, 4.5))
     ax = fig.subplots()
@@ -84,7 +86,7 @@ DEGREES = (("dp", "DP"), ("tp_model", "TP_model"), ("tp_ff", "TP_ff"), ("pp", "P
            ("ep", "EP"), ("m", "microbatches m"))
 
 
-def degrees_figure(curve: Curve, name: str = "") -> Figure:
+def plot_degrees(curve: Curve, name: str = "") -> Figure:
     """Tab 2: how each parallel degree of the best layout grows with compute."""
     fig = Figure(figsize=(8, 4.5))
     ax = fig.subplots()
@@ -102,18 +104,34 @@ def degrees_figure(curve: Curve, name: str = "") -> Figure:
     return fig
 
 
-def price_per_gpu(curve: Curve) -> float | None:
-    p = curve.settings.price_per_gpu
-    return p if p is not None else PRICES_USD.get(curve.gpu.name)
+@dataclass(frozen=True)
+class SummaryCell:
+    """One summary point of a configuration; every field None where no point qualifies."""
+
+    compute_flop: float | None = None
+    mfu: float | None = None
+    n_gpus: float | None = None
+    months: float | None = None
+    cost_usd: float | None = None
+
+    @classmethod
+    def of(cls, point: Point | None, price: float | None) -> "SummaryCell":
+        if point is None or not point.feasible:
+            return cls()
+        return cls(float(point.model.C), point.mfu, point.plan.n_gpus,
+                   point.run_time_s / SECONDS_PER_MONTH,
+                   None if price is None else price * point.plan.n_gpus)
 
 
-def _summary_cell(point: Point | None, price: float | None) -> dict:
-    if point is None or not point.feasible:
-        return {"compute_flop": None, "mfu": None, "n_gpus": None, "months": None,
-                "cost_usd": None}
-    return {"compute_flop": float(point.model.C), "mfu": point.mfu,
-            "n_gpus": point.plan.n_gpus, "months": point.run_time_s / SECONDS_PER_MONTH,
-            "cost_usd": None if price is None else price * point.plan.n_gpus}
+@dataclass(frozen=True)
+class SummaryRow:
+    """Tab 3's row: a configuration's three summary points (the `Curve` methods' names)."""
+
+    configuration: str
+    price_per_gpu: float | None
+    linear_scaling_ends: SummaryCell
+    max_feasible_at_threshold: SummaryCell
+    largest_feasible: SummaryCell
 
 
 SUMMARIES = (("linear_scaling_ends", "linear scaling ends"),
@@ -121,25 +139,24 @@ SUMMARIES = (("linear_scaling_ends", "linear scaling ends"),
              ("largest_feasible", "largest feasible run"))
 
 
-def summary_rows(curves: dict[str, Curve]) -> list[dict]:
+def summary_rows(curves: dict[str, Curve]) -> list[SummaryRow]:
     """Tab 3: per configuration, the three summary points with GPUs, duration and cost."""
     rows = []
     for name, curve in curves.items():
-        price = price_per_gpu(curve)
-        row = {"configuration": name, "price_per_gpu": price}
-        for attr, _ in SUMMARIES:
-            row[attr] = _summary_cell(getattr(curve, attr)(), price)
-        rows.append(row)
+        price = price_of(curve)
+        rows.append(SummaryRow(name, price, **{
+            attr: SummaryCell.of(getattr(curve, attr)(), price) for attr, _ in SUMMARIES}))
     return rows
 
 
 def describe(point: Point, price: float | None = None) -> str:
     """One line that says what a grid point is and how the search parallelised it."""
     m = point.model
-    head = f"C = {m.C:.3g} FLOP (d = {m.d}, L = {m.L}, s = {m.s}, B = {m.B:.3g} tokens)"
+    head = (f"C = {m.C:.3g} FLOP (width {m.d}, L = {m.L}, experts {m.s}, "
+            f"{m.B:.3g} tokens per batch)")
     q = point.plan
     if q is None:
-        return head + ": infeasible — no cluster up to s·2^59 GPUs finishes in time"
+        return head + ": infeasible — no cluster of up to experts × 2^59 GPUs finishes in time"
     sched = "zero-bubble" if q.zero_bubble else f"1F1B, v = {q.v}"
     cost = "" if price is None else f", ${price * q.n_gpus:.3g} of GPUs"
     return (f"{head}: {q.n_gpus:.3g} GPUs, MFU {point.mfu:.3f}, "
@@ -152,15 +169,15 @@ def _fmt(x, spec):
     return "—" if x is None else format(x, spec)
 
 
-def summary_html(rows: list[dict]) -> str:
+def summary_html(rows: list[SummaryRow]) -> str:
     head = "".join(f"<th colspan=5>{html.escape(label)}</th>" for _, label in SUMMARIES)
     sub = "<th>C (FLOP)</th><th>MFU</th><th>GPUs</th><th>months</th><th>cost (USD)</th>" * 3
     body = []
     for r in rows:
-        cells = [f"<td>{html.escape(r['configuration'])}</td>"]
+        cells = [f"<td>{html.escape(r.configuration)}</td>"]
         for attr, _ in SUMMARIES:
-            c = r[attr]
-            cells += [f"<td>{_fmt(c[key], spec)}</td>" for key, spec in (
+            c = getattr(r, attr)
+            cells += [f"<td>{_fmt(getattr(c, key), spec)}</td>" for key, spec in (
                 ("compute_flop", ".3g"), ("mfu", ".3f"), ("n_gpus", ".3g"), ("months", ".2f"),
                 ("cost_usd", ".3g"))]
         body.append("<tr>" + "".join(cells) + "</tr>")
@@ -177,7 +194,7 @@ def breakdown_parts(point: Point, settings: Settings) -> dict[str, float]:
             "DP bandwidth": t.dp_bw, "latency": lat, "bubble": bubble_seconds(t, settings)}
 
 
-def breakdown_figure(point: Point, settings: Settings, title: str = "") -> Figure:
+def plot_breakdown(point: Point, settings: Settings, title: str = "") -> Figure:
     """Why utilization falls: each cause of one step's time next to the step itself."""
     fig = Figure(figsize=(8, 3.2))
     ax = fig.subplots()
@@ -297,22 +314,6 @@ class SimulatorApp:
         self.breakdown_choice.observe(self.on_breakdown_config, names="value")
         self.breakdown_point.observe(self.on_breakdown, names="value")
         self.download_button.on_click(self.on_download)
-
-    # -- layout
-    def widget(self) -> W.Widget:
-        tabs = W.Tab([self.out_mfu, W.VBox([self.degrees_choice, self.out_degrees]),
-                      self.out_summary,
-                      W.VBox([W.HBox([self.breakdown_choice, self.breakdown_point]),
-                              self.out_breakdown])])
-        for i, title in enumerate(("MFU vs compute", "parallelism vs compute",
-                                   "largest runs", "step-time breakdown")):
-            tabs.set_title(i, title)
-        form = W.Accordion([self.form])
-        form.set_title(0, "Add configuration")
-        return W.VBox([W.HBox([self.months, self.threshold]),
-                       W.HTML("<b>configurations</b> (untick to leave one out)"), self.include,
-                       form, W.HBox([self.run_button, self.progress]), self.status, tabs,
-                       W.HBox([self.download_button, self.download])])
 
     def _rebuild_include(self) -> None:
         boxes = []
@@ -463,7 +464,7 @@ class SimulatorApp:
 
     def refresh(self) -> None:
         names = list(self.curves)
-        self._show(self.out_mfu, mfu_figure(self.curves))
+        self._show(self.out_mfu, plot_mfu(self.curves))
         self._show(self.out_summary, W.HTML(summary_html(summary_rows(self.curves))))
         for dd in (self.degrees_choice, self.breakdown_choice):
             dd.options = names
@@ -481,7 +482,7 @@ class SimulatorApp:
         name = self.degrees_choice.value
         if name is None:
             return None
-        fig = degrees_figure(self.curves[name], name)
+        fig = plot_degrees(self.curves[name], name)
         self._show(self.out_degrees, fig)
         return fig
 
@@ -502,10 +503,28 @@ class SimulatorApp:
             return None
         curve = self.curves[name]
         point = curve.points[min(self.breakdown_point.value, len(curve.points) - 1)]
-        fig = breakdown_figure(point, curve.settings)
+        fig = plot_breakdown(point, curve.settings)
         self._show(self.out_breakdown, fig)
         return fig
 
     def on_download(self, _=None) -> str:
         self.download.value = download_html(self.curves) if self.curves else "run first"
         return self.download.value
+
+
+def widget_simulator(app: SimulatorApp | None = None) -> W.Widget:
+    """The app's controls and outputs in one box: settings, configurations, the add form,
+    Run, four tabs of results and the JSON download. A fresh `SimulatorApp` by default."""
+    app = app if app is not None else SimulatorApp()
+    tabs = W.Tab([app.out_mfu, W.VBox([app.degrees_choice, app.out_degrees]), app.out_summary,
+                  W.VBox([W.HBox([app.breakdown_choice, app.breakdown_point]),
+                          app.out_breakdown])])
+    for i, title in enumerate(("MFU vs compute", "parallelism vs compute",
+                               "largest runs", "step-time breakdown")):
+        tabs.set_title(i, title)
+    form = W.Accordion([app.form])
+    form.set_title(0, "Add configuration")
+    return W.VBox([W.HBox([app.months, app.threshold]),
+                   W.HTML("<b>configurations</b> (untick to leave one out)"), app.include,
+                   form, W.HBox([app.run_button, app.progress]), app.status, tabs,
+                   W.HBox([app.download_button, app.download])])

@@ -1,0 +1,77 @@
+"""Notebook 02's figure (time and bus bandwidth against message size, with the fitted α–β
+lines) and its widget (a small live sweep per click)."""
+from __future__ import annotations
+
+import ipywidgets as W
+import numpy as np
+from IPython.display import display
+from matplotlib.figure import Figure
+
+from helpers.bench import (SIZE_EXPONENTS, cores_line, fit_for, fit_lines, measurement,
+                           median_time, op_labels, run_small_sweep)
+from helpers.cost import alpha_beta as ab
+
+# The world-size slider stops here by default: each extra CPU rank is a process that imports
+# torch (seconds on a small machine). Pass max_world_size=8 for the full range.
+MAX_WIDGET_WORLD_SIZE = 4
+
+
+def plot_sweep(records: list[dict], fits: dict | None = None) -> Figure:
+    """Left: time vs message size, measured points (median, IQR bars) and fitted α–β lines.
+    Right: nccl-tests bus bandwidth vs size. `fits` is {op: Fit} or {p: {op: Fit}}."""
+    fig = Figure(figsize=(11, 4))
+    ax_t, ax_bw = fig.subplots(1, 2)
+    labels = op_labels(records)
+    groups: dict[tuple[str, int], list[dict]] = {}
+    for r in records:
+        groups.setdefault((r["op"], r["world_size"]), []).append(r)
+    # One colour per operation, one line style and marker per world size.
+    colors = {op: f"C{i % 10}" for i, op in enumerate(sorted({op for op, _ in groups}))}
+    world_sizes = sorted({p for _, p in groups})
+    styles = {p: ("-", "--", ":", "-.")[i % 4] for i, p in enumerate(world_sizes)}
+    markers = {p: "osD^v<>p"[i % 8] for i, p in enumerate(world_sizes)}
+    for (op, p), rs in sorted(groups.items()):
+        rs = sorted(rs, key=lambda r: r["bytes"])
+        n = np.array([r["bytes"] for r in rs], dtype=float)
+        med = np.array([median_time(r) for r in rs])
+        q = np.array([measurement(r).quartiles for r in rs])
+        color, name = colors[op], f"{labels[op]}, p={p}"
+        ax_t.errorbar(n, med, yerr=[med - q[:, 0], q[:, 1] - med], fmt=markers[p], ms=4,
+                      color=color, label=name)
+        if fits and (op in fits or op in fits.get(p, {})):
+            grid = np.geomspace(n.min(), n.max(), 50)
+            fit = fit_for(fits, op, p)
+            ax_t.plot(grid, [fit.predict(p, x) for x in grid], styles[p], color=color, lw=1)
+        ax_bw.plot(n, [ab.busbw_GBps(op, p, x, t) for x, t in zip(n, med)], styles[p],
+                   marker=markers[p], ms=4, color=color, label=name)
+    ax_t.set(xscale="log", yscale="log", xlabel="message size n (bytes)",
+             ylabel="time per call (s), median and IQR",
+             title="measured (points) and fitted α–β model (lines)")
+    ax_bw.set(xscale="log", xlabel="message size n (bytes)",
+              ylabel="bus bandwidth (GB/s, 1 GB = 10⁹ B)", title="nccl-tests busbw")
+    ax_t.legend(fontsize=7)
+    ax_bw.legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+def widget_sweep(ranks, max_world_size: int = MAX_WIDGET_WORLD_SIZE) -> W.Widget:
+    """Operation, world size and size range -> re-run a small sweep and redraw."""
+    op = W.Dropdown(options=sorted(ab.OPS), value="all_reduce", description="operation")
+    p = W.IntSlider(value=2, min=2, max=max_world_size, description="world size p")
+    sizes = W.IntRangeSlider(value=(10, 20), min=SIZE_EXPONENTS[0], max=SIZE_EXPONENTS[1],
+                             description="log2 n (bytes)")
+    button = W.Button(description="run sweep")
+    out = W.Output()
+
+    def on_click(_):
+        with out:
+            out.clear_output(wait=True)
+            sweep = run_small_sweep(ranks, op.value, p.value, tuple(sizes.value))
+            print(cores_line(sweep.records[0]["backend"], p.value))
+            for line in fit_lines(sweep.fits or {}, op_labels(sweep.records)):
+                print(line)
+            display(plot_sweep(sweep.records, sweep.fits))
+
+    button.on_click(on_click)
+    return W.VBox([W.HBox([op, p]), W.HBox([sizes, button]), out])
