@@ -237,6 +237,7 @@ def test_timed_schedule_rejects_bad_interleaving():
 
 
 def test_widget_at_its_extremes(capsys):
+    open_before = set(plt.get_fignums())  # other tests' figures are theirs to close
     widget = widget_pipeline(ranks=None)  # simulated: the same callback, no processes
     p, m, schedule = widget.children[0].children
     assert p.max == MAX_WIDGET_WORLD_SIZE
@@ -245,4 +246,4 @@ def test_widget_at_its_extremes(capsys):
     shown = capsys.readouterr().out
     assert "gpipe p=8 m=16 (simulated)" in shown and "interleaved p=8 m=8, v=2" in shown
     assert "not a valid pipeline: m must be a multiple of 8" in shown
-    assert plt.get_fignums() == []  # every figure drawn was closed
+    assert set(plt.get_fignums()) <= open_before  # every figure drawn was closed
