@@ -1,11 +1,22 @@
-"""Parallelism Lab helpers: the code the notebooks import, one idea per module.
+"""Parallelism Lab helpers: the code the notebooks import, one folder per idea.
 
-00  hardware (GPU records, shared with the simulator), hierarchy, roofline
-01  ranks (start and keep real ranks), collectives
-02  bench (timing collectives), alpha_beta (the latency-bandwidth model)
-03  mlp (the lecture's model), ddp (data-parallel wrappers), zero (ZeRO-1 optimizer)
-04  tp (tensor parallelism), tp_cost (when it pays: compute vs communication per layer)
-05  pp (running pipelines), pp_schedules (schedules, no processes), gantt (the chart)
-06  simulator (the training-cost model)
-Every notebook measures with `timing`; `run` starts the same rank functions under torchrun.
+    ranks.py, run.py   launching ranks: live process groups from a notebook; the same functions under torchrun
+    models.py          the course's models (the lecture's MLP, MLPConfig; a small GPT for notebook 07) and losses
+    checks.py          argument checks with one wording, run before any process starts
+    parallel/          rank-side building blocks, each on any process group (group=None: the world)
+        groups.py        rank device, sub-groups, group vs global ranks, collective shims, the portable mean
+        collectives.py   the eight collectives (01)         dp.py      DDP wrappers, naive to bucketed (03)
+        zero.py          ZeRO-1 sharded optimizer (03)       tp.py      f/g, column/row-parallel layers (04)
+        pp.py            pipelines on live ranks (05)        schedules.py  GPipe / 1F1B / interleaved plans
+        mesh.py          the (d, t, p) mesh of notebook 07
+    cost/              pure arithmetic, no torch, no processes
+        alpha_beta.py    the one α–β model of a collective, and its fit   tp.py   when tensor parallelism pays
+        memory.py        ZeRO memory per rank     bubble.py   the pipeline bubble     roofline.py   the roofline
+    hardware.py        GPU records (notebook 00 and the simulator share them); hierarchy.py their table
+    timing.py, bench.py, roofline.py   measuring: one measurement line, collectives timed, this machine's roofs
+    simulator/         Epoch AI's training-cost model (notebook 06) and its command line
+    views/             every figure and widget, one module per core module (views/tp.py draws parallel/tp.py
+                       and cost/tp.py); `plot_*` returns a Figure, `widget_*` returns a widget, the notebook shows it
+
+Nothing outside views/ imports matplotlib or ipywidgets (tests/test_layout.py checks it).
 """
