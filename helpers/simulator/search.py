@@ -14,9 +14,10 @@ Four things make it fast while keeping every result bit-identical to `reference`
 * a deadline — when sizing a cluster, a layout whose bound already misses the run's
   duration cannot make the cluster feasible, so it is never placed.
 
-Ties are settled as in the reference: among equal (step, comm, exposed) keys the earliest
-candidate in the spec's enumeration order wins, and within it the earliest placement, so
-the order of evaluation does not change the answer.
+Ties are settled as in the reference (`reference.tie_key`, the public reference code's
+rule): among equal (run time, bandwidth time) keys the earliest candidate in the spec's
+enumeration order wins, and within it the earliest placement, so the order of evaluation
+does not change the answer.
 """
 from __future__ import annotations
 
@@ -221,6 +222,7 @@ def best_plan(gpu: GPU, model: Model, settings: Settings, N: int,
     caps = tuple(level_capacities(gpu.network_levels, N))
     flags = (settings.overlap_tp, settings.overlap_pp, settings.overlap_dp)
     L, s, B, d, f = model.L, model.s, model.B, model.d, model.f
+    n_steps = model.D / model.B
 
     # Stage 0 bound: the six matmuls can go no faster than their FLOP at the sustained rate
     # plus their fixed latency (shaved by 1e-9 so float rounding can never lift it above
@@ -247,7 +249,7 @@ def best_plan(gpu: GPU, model: Model, settings: Settings, N: int,
     best = None
     while queue:
         bound, stage, idx, deg, v, zb, m, matmul = heapq.heappop(queue)
-        if bound > (max_step if best_key is None else best_key[0]):
+        if (bound > max_step) if best_key is None else (n_steps * bound > best_key[0]):
             break
         DP, TPm, TPf, PP, EP = deg
         if stage == 0:
@@ -275,24 +277,23 @@ def best_plan(gpu: GPU, model: Model, settings: Settings, N: int,
             continue
         table, comm = group
         steps = _steps(matmul, *comm, PP, m, v, zb, *flags)
-        # Lexicographic (step, comm, exposed), first placement on a full tie: `tie_key`.
-        step = float(steps.min())
-        ties = np.flatnonzero(steps == step)
-        tp_bw, tp_lat, ppep_bw, ppep_lat, dp_bw, dp_lat = (c[ties] for c in comm)
-        total = tp_bw + tp_lat + ppep_bw + ppep_lat + dp_bw + dp_lat
-        least = float(total.min())
-        ties = ties[total == least]
-        exposed = steps[ties] - matmul
-        low = float(exposed.min())
-        p_idx = int(ties[np.flatnonzero(exposed == low)[0]])
-        key = (step, least, low, idx, p_idx)
+        # `reference.tie_key`: run time, then bandwidth time over the run, then the
+        # earliest candidate and placement.
+        runs = n_steps * steps
+        run = float(runs.min())
+        ties = np.flatnonzero(runs == run)
+        tp_bw, _, ppep_bw, _, dp_bw, _ = (c[ties] for c in comm)
+        traffic = n_steps * tp_bw + n_steps * dp_bw + n_steps * ppep_bw
+        least = float(traffic.min())
+        p_idx = int(ties[np.flatnonzero(traffic == least)[0]])
+        key = (run, least, idx, p_idx)
         if best_key is None or key < best_key:
             best_key = key
             best = (deg, m, v, zb, table.place(p_idx), matmul,
-                    tuple(float(c[p_idx]) for c in comm))
-    if best is None or best_key[0] > max_step:
+                    tuple(float(c[p_idx]) for c in comm), float(steps[p_idx]))
+    if best is None or best[-1] > max_step:
         return None
-    (DP, TPm, TPf, PP, EP), m, v, zb, place, matmul, comm = best
+    (DP, TPm, TPf, PP, EP), m, v, zb, place, matmul, comm, _ = best
     t = combine(matmul, *comm, PP, m, v, zb, settings)
     return Plan(N, DP, TPm, TPf, PP, EP, m, v, zb, tuple(zip(*place)), t)
 
