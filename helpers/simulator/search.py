@@ -29,9 +29,9 @@ import numpy as np
 
 from helpers.hardware import GPU
 
-from .comm import allreduce, dp_comm, outer, ppep_comm
+from .comm import allreduce, dp_comm, outer, ppep_comm, top_level
 from .matmul import matmul_time, tile
-from .placement import factorization_table, placement_table
+from .placement import _inner_table, factorization_table, placement_table
 from .plan import Plan
 from .reference import (bubble_fraction, combine, level_capacities, schedule_options,
                         step_seconds)
@@ -150,37 +150,194 @@ def _ppep_floor(d, L, B, v, PP, EP, levels, caps, N, by):
     return _floor([_ppep(d, L, B, v, x, y, levels, N, by) for x, y in _pair_splits(caps, PP, EP)])
 
 
+# --- lower bounds on each communication part, free of N and mostly of the model ----------
+#
+# Each time in `comm` is a product of the cluster-wide factor (say 4·P·bytes/N for DP) and
+# a sum or maximum over levels of small integers divided by each level's bandwidth (or times
+# its latency). The integers depend only on the split, so the best split's value is cached
+# once per curve and scaled per call. Computed in another order than `comm`, the result may
+# differ from the exact best by a few ulps, so it is shaved by SHAVE: a bound, never above.
+SHAVE = 1 - 1e-12
+
+
+@lru_cache(maxsize=None)
+def _dp_unit(levels, caps, DP) -> tuple[float, float]:
+    """min over DP's splits of max_k (x_k − 1)·Π_{j>k} x_j / bw_k, and of Σ_k 2·lat_k·[x_k > 1]."""
+    bw = lat = math.inf
+    for x in _splits(caps, DP):
+        bw = min(bw, max((x[k] - 1) * outer(x, k) / lv[0] for k, lv in enumerate(levels)))
+        lat = min(lat, sum(2 * lv[1] for k, lv in enumerate(levels) if x[k] > 1))
+    return bw, lat
+
+
+@lru_cache(maxsize=None)
+def _tp_unit(levels, caps, TPm, TPf, f, d) -> tuple[float, float]:
+    """min over the pair's splits of max_k ((x_k−1)·Π x_{>k}·f + (y_k−1)·Π y_{>k}·d)/bw_k,
+    and of Σ_k lat_k·([x_k > 1] + [y_k > 1])."""
+    bw = lat = math.inf
+    for x, y in _pair_splits(caps, TPm, TPf):
+        bw = min(bw, max(((x[k] - 1) * outer(x, k) * f + (y[k] - 1) * outer(y, k) * d) / lv[0]
+                         for k, lv in enumerate(levels)))
+        lat = min(lat, sum(lv[1] * ((x[k] > 1) + (y[k] > 1)) for k, lv in enumerate(levels)))
+    return bw, lat
+
+
+@lru_cache(maxsize=None)
+def _ppep_weights(levels, caps, PP, EP):
+    """Per split of (PP, EP): the top PP level, the outer products of PP, and per PP level
+    pl ∈ {−1, …} the weights Σ_el ep_bw[el]/bw and Σ_el ep_lat[el]·lat over the levels
+    max(pl, el) ≥ 0 (`comm.ppep_comm`'s double loop with the PP frequency factored out)."""
+    out = []
+    K = len(levels)
+    for x, y in _pair_splits(caps, PP, EP):
+        top = top_level(x)
+        ep_top = top_level(y)
+        ebw = [1 / EP] + [(math.prod(y[el:]) - outer(y, el)) / (outer(y, el) * math.prod(y[el:]))
+                          for el in range(K)]
+        elat = [1.0 if ep_top == -1 else 0.0] + [1.0 if el == ep_top else 0.0 for el in range(K)]
+        w_bw, w_lat = [], []
+        for pl in range(-1, top + 1):
+            wb = wl = 0.0
+            for el in range(-1, K):
+                lv = max(pl, el)
+                if lv >= 0:
+                    wb += ebw[el + 1] / levels[lv][0]
+                    wl += elat[el + 1] * levels[lv][1]
+            w_bw.append(wb)
+            w_lat.append(wl)
+        out.append((top, tuple(x), tuple(outer(x, k) for k in range(K)), tuple(w_bw),
+                    tuple(w_lat)))
+    return tuple(out)
+
+
+@lru_cache(maxsize=None)
+def _ppep_unit(levels, caps, PP, EP, v, L) -> tuple[float, float]:
+    """min over splits of Σ_pl (L−1)·pp_freq[pl]·w_bw[pl], and of Σ_pl 2·(L−1)·pp_freq[pl]·w_lat[pl].
+    (L−1)·pp_freq is an exact non-negative integer, so nothing cancels."""
+    bw = lat = math.inf
+    for top, x, out_x, w_bw, w_lat in _ppep_weights(levels, caps, PP, EP):
+        num = [L - v * PP]
+        for pl in range(top + 1):
+            num.append(v * x[pl] - 1 if pl == top else v * out_x[pl] * (x[pl] - 1))
+        bw = min(bw, sum(n * w for n, w in zip(num, w_bw)))
+        lat = min(lat, 2 * sum(n * w for n, w in zip(num, w_lat)))
+    return bw, lat
+
+
 def clear_caches() -> None:
     """Forget every cached result (for honest cold-start benchmarks)."""
     for fn in (tile, _matmul, _six_matmuls, divisors, _microbatches, _splits, _pair_splits,
-               _dp, _ppep, _allreduce_levels, _dp_floor, _tp_floor, _ppep_floor,
-               placement_table, factorization_table):
+               _dp, _ppep, _allreduce_levels, _dp_floor, _tp_floor, _ppep_floor, _layouts, _tp_shapes, _schedules,
+               _dp_unit, _tp_unit, _ppep_weights, _ppep_unit,
+               placement_table, factorization_table, _inner_table):
         fn.cache_clear()
     _GPUS.clear()
     _GPU_IDS.clear()
 
 
-def _candidates(gpu: GPU, model: Model, settings: Settings, N: int):
-    """The spec's layouts for N GPUs in its enumeration order, grouped by (degrees, v):
-    yields (degrees, v, zb, microbatch counts). Memory-infeasible layouts are left out."""
-    d, f, L, s, B, P = model.d, model.f, model.L, model.s, model.B, model.P
-    by = gpu.bytes_per_word
-    EP = math.gcd(N, s)
-    R = N // EP
-    for TP in divisors(math.gcd(R, d * f)):
-        r = math.isqrt(TP)
-        tp_shapes = [(TP // x, x) for x in divisors(TP)
-                     if r <= x <= 4 * r and d % (TP // x) == 0 and f % x == 0]
-        if not tp_shapes:
-            continue
-        for DP in divisors(math.gcd(R // TP, B)):
-            PP = R // TP // DP
-            if L % PP or N * gpu.hbm_bytes < P * by * DP + 4 * P * by:
-                continue
-            per_gpu = B // (s * DP)
-            for TPm, TPf in tp_shapes:
-                for zb, v in schedule_options(settings, PP, L):
-                    yield (DP, TPm, TPf, PP, EP), v, zb, _microbatches(per_gpu, PP, zb)
+@lru_cache(maxsize=None)
+def _tp_shapes(TP: int, d: int, f: int) -> tuple[tuple[int, int], ...]:
+    """(TP_model, TP_ff) splits of TP allowed by the spec, TP_ff ascending."""
+    r = math.isqrt(TP)
+    return tuple((TP // x, x) for x in divisors(TP)
+                 if r <= x <= 4 * r and d % (TP // x) == 0 and f % x == 0)
+
+
+@lru_cache(maxsize=None)
+def _schedules(schedules: tuple[str, ...], PP: int, L: int) -> tuple[tuple[bool, int], ...]:
+    return tuple(schedule_options(Settings(schedules=schedules), PP, L))
+
+
+def _segments(counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """For rows repeated `counts` times: (which row, position within its repeats)."""
+    row = np.repeat(np.arange(len(counts)), counts)
+    start = np.cumsum(counts) - counts
+    return row, np.arange(len(row)) - start[row]
+
+
+class _Layouts:
+    """The spec's layouts for N GPUs, one row per (degrees, v, zero-bubble, m), in the
+    spec's enumeration order: TP, then DP ascending; TP_ff ascending; schedule; m.
+
+    Every column is an array. A group is one (degrees, v, zero-bubble): the rows that share
+    a placement table. Keys index the distinct TP shapes, DP degrees and (PP, v) pairs.
+    """
+
+    def __init__(self, N, d, f, L, s, B, P, hbm_bytes, by, schedules):
+        EP = math.gcd(N, s)
+        R = N // EP
+        self.EP = EP
+        tps = [x for x in divisors(math.gcd(R, d * f)) if _tp_shapes(x, d, f)]
+        pps = divisors(math.gcd(R, L))[::-1]  # PP descending = DP ascending for a given TP
+        TPa = np.array(tps, dtype=np.int64)
+        PPa = np.array(pps, dtype=np.int64)
+        prod = TPa[:, None] * PPa[None, :]
+        ok = R % prod == 0
+        DPg = np.where(ok, R // np.where(ok, prod, 1), 1)
+        ok &= B % DPg == 0
+        ok &= N * hbm_bytes >= P * by * DPg + 4 * P * by  # `reference.memory_ok`
+        ti, pj = np.nonzero(ok)  # row-major: TP ascending, then DP ascending
+        DPp = DPg[ti, pj]
+        # Expand each (TP, DP) by its TP shapes.
+        shapes = [_tp_shapes(x, d, f) for x in tps]
+        n_sh = np.array([len(x) for x in shapes], dtype=np.int64)
+        sh_start = np.cumsum(n_sh) - n_sh
+        self.tp_keys = [sh for x in shapes for sh in x]
+        pair, k = _segments(n_sh[ti])
+        tp_key = sh_start[ti[pair]] + k
+        pj2, DP2 = pj[pair], DPp[pair]
+        # Expand by the schedules of each PP.
+        opts = [_schedules(schedules, int(x), L) for x in pps]
+        n_op = np.array([len(x) for x in opts], dtype=np.int64)
+        op_start = np.cumsum(n_op) - n_op
+        self.pe_keys = [(int(pps[j]), v) for j, x in enumerate(opts) for _, v in x]
+        op_zb = np.array([zb for x in opts for zb, _ in x], dtype=bool)
+        op_v = np.array([v for x in opts for _, v in x], dtype=np.int64)
+        row, k = _segments(n_op[pj2])
+        pe_key = op_start[pj2[row]] + k
+        g_tp, g_dp, g_pp = tp_key[row], DP2[row], PPa[pj2[row]]
+        g_zb, g_v = op_zb[pe_key], op_v[pe_key]
+        # Expand by the microbatch counts: the first 4 (1 under ZB) divisors of B/(s·DP)
+        # that are ≥ PP (≥ 2·PP under ZB).
+        dps = np.unique(g_dp)
+        self.dp_keys = dps.tolist()
+        g_dpk = np.searchsorted(dps, g_dp)
+        per_gpu = [B // (s * int(x)) for x in dps]
+        divs = [np.array(divisors(x) if x else (), dtype=np.int64) for x in per_gpu]
+        n_div = np.array([len(x) for x in divs], dtype=np.int64)
+        div_start = np.cumsum(n_div) - n_div
+        flat = np.concatenate(divs) if divs else np.zeros(0, np.int64)
+        big = int(flat.max()) + 1 if len(flat) else 1
+        code = np.repeat(np.arange(len(divs), dtype=np.int64), n_div) * big + flat
+        lo = np.where(g_zb, 2 * g_pp, g_pp)
+        first = np.searchsorted(code, g_dpk * big + np.minimum(lo, big - 1))
+        first = np.where(lo < big, first, div_start[g_dpk] + n_div[g_dpk])
+        n_m = np.clip(div_start[g_dpk] + n_div[g_dpk] - first, 0, np.where(g_zb, 1, 4))
+        self.n_groups = len(g_tp)
+        grp, k = _segments(n_m)
+        self.group = grp
+        self.m = flat[first[grp] + k]
+        self.g_tp, self.g_dp, self.g_dpk, self.g_pp = g_tp, g_dp, g_dpk, g_pp
+        self.g_pe, self.g_zb, self.g_v = pe_key, g_zb, g_v
+        tp_arr = np.array(self.tp_keys, dtype=np.int64).reshape(-1, 2)
+        self.g_tpm, self.g_tpf = tp_arr[g_tp, 0], tp_arr[g_tp, 1]
+        self.pp, self.v, self.zb = g_pp[grp], g_v[grp], g_zb[grp]
+        dp_r, tpm_r, tpf_r = g_dp[grp], self.g_tpm[grp], self.g_tpf[grp]
+        # The FLOP of the six matmuls, in padded 8×8×8 blocks of 2·8³, is
+        # 6·1024·⌈f'/8⌉·⌈d'/8⌉·⌈b/8⌉ (`matmul.matmul_flop`); in floats (a bound only).
+        b = B // (dp_r * self.m * s)
+        self.flop_blocks = (6.0 * 1024 * -(-(f // tpf_r) // 8) * -(-(d // tpm_r) // 8)
+                            * -(-b // 8))
+        self.per_stage_m = ((L // self.pp) * (s // EP) * self.m).astype(float)
+
+    def degrees(self, g: int) -> tuple[int, int, int, int, int]:
+        return (int(self.g_dp[g]), int(self.g_tpm[g]), int(self.g_tpf[g]), int(self.g_pp[g]),
+                self.EP)
+
+
+@lru_cache(maxsize=256)
+def _layouts(*key) -> _Layouts:
+    return _Layouts(*key)
 
 
 def _placed_comm(model: Model, levels, caps, deg, v, N, by):
@@ -210,6 +367,38 @@ def _steps(matmul, tp_bw, tp_lat, ppep_bw, ppep_lat, dp_bw, dp_lat, PP, m, v, zb
     return pipe + dp_bw + dp_lat
 
 
+def _floors(model: Model, lay: _Layouts, levels, caps, N, by) -> tuple[np.ndarray, ...]:
+    """Per group: each communication part at its own best split over the levels (six
+    arrays, shaved). No placement does better on any part, so they bound every placement."""
+    d, f, L, B, P = model.d, model.f, model.L, model.B, model.P
+    g = math.gcd(f, d)
+    tp = np.array([_tp_unit(levels, caps, a, b, f // g, d // g) for a, b in lay.tp_keys],
+                  dtype=float).reshape(-1, 2)
+    pe = np.array([_ppep_unit(levels, caps, pp, lay.EP, v, L) for pp, v in lay.pe_keys],
+                  dtype=float).reshape(-1, 2)
+    dp = np.array([_dp_unit(levels, caps, x) for x in lay.dp_keys], dtype=float).reshape(-1, 2)
+    return (SHAVE * (8 * L * B * by / N * g) * tp[lay.g_tp, 0], SHAVE * (4 * L) * tp[lay.g_tp, 1],
+            SHAVE * (4 * d * B * by / N) * pe[lay.g_pe, 0], SHAVE * pe[lay.g_pe, 1],
+            SHAVE * (4 * P * by / N) * dp[lay.g_dpk, 0], SHAVE * dp[lay.g_dpk, 1])
+
+
+def _bounds(matmul, floors, lay: _Layouts, flags) -> np.ndarray:
+    """`reference.step_seconds` for every row at once, from lower bounds of its parts:
+    every operation is monotone, so the result bounds each row's step from below."""
+    tp_bw, tp_lat, pe_bw, pe_lat, dp_bw, dp_lat = (x[lay.group] for x in floors)
+    overlap_tp, overlap_pp, overlap_dp = flags
+    PP, v, m = lay.pp, lay.v, lay.m
+    z = (v - 1) * np.maximum(0, PP - m)
+    bubble = np.where(lay.zb, 0.0, (z + PP - 1) / (z + PP - 1 + v * m))
+    hidden = (tp_bw if overlap_tp else 0.0) + (pe_bw if overlap_pp else 0.0)
+    exposed = (0.0 if overlap_tp else tp_bw) + (0.0 if overlap_pp else pe_bw)
+    pipe = (np.maximum(matmul, hidden) + exposed) / (1 - bubble)
+    pipe = np.where(lay.zb, pipe, pipe + (tp_lat + pe_lat))
+    if overlap_dp:
+        return np.maximum(pipe, dp_bw) + dp_lat
+    return pipe + dp_bw + dp_lat
+
+
 def best_plan(gpu: GPU, model: Model, settings: Settings, N: int,
               max_step: float = math.inf) -> Plan | None:
     """The fastest layout of `model` on `N` GPUs, identical to `reference.best_plan`.
@@ -223,69 +412,70 @@ def best_plan(gpu: GPU, model: Model, settings: Settings, N: int,
     flags = (settings.overlap_tp, settings.overlap_pp, settings.overlap_dp)
     L, s, B, d, f = model.L, model.s, model.B, model.d, model.f
     n_steps = model.D / model.B
+    lay = _layouts(N, d, f, L, s, B, model.P, gpu.hbm_bytes, by, tuple(settings.schedules))
+    if not len(lay.m):
+        return None
 
-    # Stage 0 bound: the six matmuls can go no faster than their FLOP at the sustained rate
+    # Bound 1, for every row at once: the six matmuls at their FLOP at the sustained rate
     # plus their fixed latency (shaved by 1e-9 so float rounding can never lift it above
-    # the exact time).
+    # the exact time), with each communication part at its own best split.
     flop_s = (1 - 1e-9) / gpu.sustained_flops
     lat6 = (1 - 1e-9) * 6 * gpu.latency_per_matmul_s
-    queue = []
-    idx = 0
-    for deg, v, zb, ms in _candidates(gpu, model, settings, N):
-        DP, TPm, TPf, PP, EP = deg
-        per_stage = (L // PP) * (s // EP)
-        # `matmul_flop` inlined (this loop sees every candidate): 2·8³ per padded 8³ block.
-        area = 6 * 1024 * (-(-(f // TPf) // 8)) * (-(-(d // TPm) // 8))
-        for m in ms:
-            low = per_stage * m * (area * (-(-(B // (DP * m * s)) // 8)) * flop_s + lat6)
-            if low <= max_step:
-                queue.append((low, 0, idx, deg, v, zb, m, None))
-            idx += 1
+    floors = _floors(model, lay, levels, caps, N, by)
+    low = _bounds(lay.per_stage_m * (lay.flop_blocks * flop_s + lat6), floors, lay, flags)
+    alive = np.flatnonzero(low <= max_step)
+    if not len(alive):
+        return None
+    # The bandwidth time over the run that any placement of a group needs at least: on an
+    # exact tie in run time, a row whose floor exceeds the best's cannot win.
+    traffic = n_steps * floors[0] + n_steps * floors[4] + n_steps * floors[2]
+    # Best first: bound 2 puts the exact matmul time in place of its FLOP bound; only then
+    # is the row placed on the real levels. Nothing still queued can beat the best once
+    # the smallest bound left exceeds it (in run time: `reference.tie_key`).
+    queue = list(zip(low[alive].tolist(), [1] * len(alive), alive.tolist()))
     heapq.heapify(queue)
-
-    floors: dict = {}
     groups: dict = {}
     best_key = None
     best = None
     while queue:
-        bound, stage, idx, deg, v, zb, m, matmul = heapq.heappop(queue)
-        if (bound > max_step) if best_key is None else (n_steps * bound > best_key[0]):
-            break
+        bound, stage, idx = heapq.heappop(queue)
+        gi = int(lay.group[idx])
+        if best_key is None:
+            if bound > max_step:
+                break
+        else:
+            run = n_steps * bound
+            if run > best_key[0]:
+                break
+            if run == best_key[0] and (float(traffic[gi]), idx) > best_key[1:3]:
+                continue
+        deg = lay.degrees(gi)
+        v, zb = int(lay.g_v[gi]), bool(lay.g_zb[gi])
         DP, TPm, TPf, PP, EP = deg
-        if stage == 0:
-            # Add each part of the communication at its own best split over the levels.
-            floor = floors.get((deg, v))
-            if floor is None:
-                floor = floors[deg, v] = (
-                    _tp_floor(d, f, L, B, TPm, TPf, levels, caps, N, by)
-                    + _ppep_floor(d, L, B, v, PP, EP, levels, caps, N, by)
-                    + _dp_floor(model.P, DP, levels, caps, N, by))
-            low, _ = step_seconds(bound, *floor, PP, m, v, zb, *flags)
-            heapq.heappush(queue, (low, 1, idx, deg, v, zb, m, None))
-            continue
+        m = int(lay.m[idx])
+        matmul = (L // PP) * (s // EP) * m * _six_matmuls(gk, f // TPf, d // TPm,
+                                                          B // (DP * m * s))
         if stage == 1:
-            # The exact matmul time in place of its FLOP bound.
-            matmul = (L // PP) * (s // EP) * m * _six_matmuls(gk, f // TPf, d // TPm,
-                                                              B // (DP * m * s))
-            low, _ = step_seconds(matmul, *floors[deg, v], PP, m, v, zb, *flags)
-            heapq.heappush(queue, (low, 2, idx, deg, v, zb, m, matmul))
+            fl = [float(x[gi]) for x in floors]
+            low2, _ = step_seconds(matmul, *fl, PP, m, v, zb, *flags)
+            heapq.heappush(queue, (low2, 2, idx))
             continue
-        if (deg, v) not in groups:
-            groups[deg, v] = _placed_comm(model, levels, caps, deg, v, N, by)
-        group = groups[deg, v]
+        if gi not in groups:
+            groups[gi] = _placed_comm(model, levels, caps, deg, v, N, by)
+        group = groups[gi]
         if group is None:
             continue
         table, comm = group
         steps = _steps(matmul, *comm, PP, m, v, zb, *flags)
         # `reference.tie_key`: run time, then bandwidth time over the run, then the
-        # earliest candidate and placement.
+        # earliest row and placement.
         runs = n_steps * steps
         run = float(runs.min())
         ties = np.flatnonzero(runs == run)
         tp_bw, _, ppep_bw, _, dp_bw, _ = (c[ties] for c in comm)
-        traffic = n_steps * tp_bw + n_steps * dp_bw + n_steps * ppep_bw
-        least = float(traffic.min())
-        p_idx = int(ties[np.flatnonzero(traffic == least)[0]])
+        moved = n_steps * tp_bw + n_steps * dp_bw + n_steps * ppep_bw
+        least = float(moved.min())
+        p_idx = int(ties[np.flatnonzero(moved == least)[0]])
         key = (run, least, idx, p_idx)
         if best_key is None or key < best_key:
             best_key = key
