@@ -78,10 +78,15 @@ def _inner_table(caps: tuple[int, ...], sig: tuple[int, ...]):
         _distinct(done, [3, 4], caps)
 
 
-def _with_outer(splits, degrees):
-    """Inner splits completed by the outer level: each type's degree over its inner product."""
-    return tuple(tuple(x + (deg // math.prod(x),) for x, deg in zip(sp, degrees))
-                 for sp in splits)
+@lru_cache(maxsize=None)
+def _with_outer(caps: tuple[int, ...], sig: tuple[int, ...], part: int,
+                degrees: tuple[int, ...]) -> tuple:
+    """The distinct splits of one group of types (0: DP, 1: TP pair, 2: PP/EP pair), each
+    completed by the outer level: each type's degree over its inner product."""
+    splits = _inner_table(caps, sig)[2 + part][0]
+    out = tuple(tuple(x + (deg // math.prod(x),) for x, deg in zip(sp, degrees))
+                for sp in splits)
+    return tuple(x[0] for x in out) if part == 0 else out
 
 
 @lru_cache(maxsize=None)
@@ -92,9 +97,8 @@ def placement_table(caps: tuple[int, ...], degrees: tuple[int, ...]) -> Placemen
     got = _inner_table(caps, sig)
     if got is None:
         return None
-    inner, prod, (dp, dp_i), (tp, tp_i), (pe, pe_i) = got
+    inner, prod, (_, dp_i), (_, tp_i), (_, pe_i) = got
     outer = np.array(degrees, dtype=np.int64)[None, :] // prod
-    dp = tuple(x[0] for x in _with_outer(dp, degrees[:1]))
-    tp = _with_outer(tp, degrees[1:3])
-    pe = _with_outer(pe, degrees[3:5])
-    return PlacementTable(inner, outer, dp, tp, pe, dp_i, tp_i, pe_i)
+    return PlacementTable(inner, outer, _with_outer(caps, sig, 0, degrees[:1]),
+                          _with_outer(caps, sig, 1, degrees[1:3]),
+                          _with_outer(caps, sig, 2, degrees[3:5]), dp_i, tp_i, pe_i)

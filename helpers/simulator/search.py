@@ -29,9 +29,10 @@ import numpy as np
 
 from helpers.hardware import GPU
 
-from .comm import allreduce, dp_comm, outer, ppep_comm, top_level
+from .comm import (allreduce, dp_comm, ep_frequencies, outer, pp_frequencies, ppep_comm,
+                   top_level)
 from .matmul import matmul_time, tile
-from .placement import _inner_table, factorization_table, placement_table
+from .placement import _inner_table, _with_outer, factorization_table, placement_table
 from .plan import Plan
 from .reference import (bubble_fraction, combine, level_capacities, schedule_options,
                         step_seconds)
@@ -227,9 +228,9 @@ def _ppep_unit(levels, caps, PP, EP, v, L) -> tuple[float, float]:
 def clear_caches() -> None:
     """Forget every cached result (for honest cold-start benchmarks)."""
     for fn in (tile, _matmul, _six_matmuls, divisors, _microbatches, _splits, _pair_splits,
-               _dp, _ppep, _allreduce_levels, _dp_floor, _tp_floor, _ppep_floor, _layouts, _tp_shapes, _schedules,
+               _dp, _ppep, _allreduce_levels, _dp_floor, _tp_floor, _ppep_floor, _layouts, _tp_shapes, _schedules, _tp_pair, _ppep_exact,
                _dp_unit, _tp_unit, _ppep_weights, _ppep_unit,
-               placement_table, factorization_table, _inner_table):
+               placement_table, factorization_table, _inner_table, _with_outer):
         fn.cache_clear()
     _GPUS.clear()
     _GPU_IDS.clear()
@@ -340,15 +341,49 @@ def _layouts(*key) -> _Layouts:
     return _Layouts(*key)
 
 
+@lru_cache(maxsize=None)
+def _tp_pair(d, f, L, B, x, y, levels, N, by) -> tuple[float, float]:
+    """`comm.tp_comm` for one (TP_model, TP_ff) split, reusing each kind's per-level times."""
+    bw1, lat1 = _allreduce_levels(f, x, 2 * L, B, levels, N, by)
+    bw2, lat2 = _allreduce_levels(d, y, 2 * L, B, levels, N, by)
+    bw_max, lat_sum = 0.0, 0.0
+    for k in range(len(levels)):
+        bw_max = max(bw_max, bw1[k] + bw2[k])
+        lat_sum += lat1[k] + lat2[k]
+    return bw_max, lat_sum
+
+
+@lru_cache(maxsize=None)
+def _ppep_exact(d, L, B, v, PP, EP, levels, N, by) -> tuple[float, float]:
+    """`comm.ppep_comm`, operation for operation, leaving out the terms whose repeat count
+    is exactly 0 (each would add +0.0, which changes no sum)."""
+    pp_freq = pp_frequencies(L, v, PP)
+    ep_bw, ep_lat = ep_frequencies(EP)
+    bw_sum, lat_sum = 0.0, 0.0
+    for pl, pf in pp_freq.items():
+        for el, eb in ep_bw.items():
+            level = max(pl, el)
+            if level < 0:
+                continue
+            lv = levels[level]
+            rs = 2 * (L - 1) * pf * eb
+            if rs != 0.0:
+                bw_sum += d * rs * B * by / (N * lv[0] / 2)
+            rs = 2 * (L - 1) * pf * ep_lat[el]
+            if rs != 0.0:
+                lat_sum += rs * lv[1]
+    return bw_sum, lat_sum
+
+
 def _placed_comm(model: Model, levels, caps, deg, v, N, by):
     """Communication parts of every placement of one layout, as six arrays (or None)."""
     table = placement_table(caps, deg)
     if table is None:
         return None
+    d, f, L, B = model.d, model.f, model.L, model.B
     dp = np.array([_dp(model.P, x, levels, N, by) for x in table.dp])
-    tp = np.array(_tp_pairs(model.d, model.f, model.L, model.B, table.tp, levels, N, by))
-    pe = np.array([_ppep(model.d, model.L, model.B, v, x, y, levels, N, by)
-                   for x, y in table.ppep])
+    tp = np.array([_tp_pair(d, f, L, B, x, y, levels, N, by) for x, y in table.tp])
+    pe = np.array([_ppep_exact(d, L, B, v, x, y, levels, N, by) for x, y in table.ppep])
     tp, pe, dp = tp[table.tp_index], pe[table.ppep_index], dp[table.dp_index]
     return table, (tp[:, 0], tp[:, 1], pe[:, 0], pe[:, 1], dp[:, 0], dp[:, 1])
 
@@ -382,18 +417,19 @@ def _floors(model: Model, lay: _Layouts, levels, caps, N, by) -> tuple[np.ndarra
             SHAVE * (4 * P * by / N) * dp[lay.g_dpk, 0], SHAVE * dp[lay.g_dpk, 1])
 
 
-def _bounds(matmul, floors, lay: _Layouts, flags) -> np.ndarray:
-    """`reference.step_seconds` for every row at once, from lower bounds of its parts:
+def _bounds(matmul, floors, lay: _Layouts, flags, rows=slice(None)) -> np.ndarray:
+    """`reference.step_seconds` for the rows at once, from lower bounds of its parts:
     every operation is monotone, so the result bounds each row's step from below."""
-    tp_bw, tp_lat, pe_bw, pe_lat, dp_bw, dp_lat = (x[lay.group] for x in floors)
+    group = lay.group[rows]
+    tp_bw, tp_lat, pe_bw, pe_lat, dp_bw, dp_lat = (x[group] for x in floors)
     overlap_tp, overlap_pp, overlap_dp = flags
-    PP, v, m = lay.pp, lay.v, lay.m
+    PP, v, m, zb = lay.pp[rows], lay.v[rows], lay.m[rows], lay.zb[rows]
     z = (v - 1) * np.maximum(0, PP - m)
-    bubble = np.where(lay.zb, 0.0, (z + PP - 1) / (z + PP - 1 + v * m))
+    bubble = np.where(zb, 0.0, (z + PP - 1) / (z + PP - 1 + v * m))
     hidden = (tp_bw if overlap_tp else 0.0) + (pe_bw if overlap_pp else 0.0)
     exposed = (0.0 if overlap_tp else tp_bw) + (0.0 if overlap_pp else pe_bw)
     pipe = (np.maximum(matmul, hidden) + exposed) / (1 - bubble)
-    pipe = np.where(lay.zb, pipe, pipe + (tp_lat + pe_lat))
+    pipe = np.where(zb, pipe, pipe + (tp_lat + pe_lat))
     if overlap_dp:
         return np.maximum(pipe, dp_bw) + dp_lat
     return pipe + dp_bw + dp_lat
@@ -426,19 +462,27 @@ def best_plan(gpu: GPU, model: Model, settings: Settings, N: int,
     alive = np.flatnonzero(low <= max_step)
     if not len(alive):
         return None
+    # Bound 2, for the survivors: the exact matmul time in place of its FLOP bound.
+    g_alive = lay.group[alive]
+    tpf, tpm, dp_a = lay.g_tpf[g_alive], lay.g_tpm[g_alive], lay.g_dp[g_alive]
+    m_a = lay.m[alive]
+    b_a = B // (dp_a * m_a * s)
+    six = np.array([_six_matmuls(gk, f // x, d // y, z)
+                    for x, y, z in zip(tpf.tolist(), tpm.tolist(), b_a.tolist())])
+    per = ((L // lay.pp[alive]) * (s // lay.EP) * m_a).tolist()
+    matmuls = [x * y for x, y in zip(per, six.tolist())]  # `reference.step_time`'s product
+    low = _bounds(np.array(matmuls), floors, lay, flags, alive)
     # The bandwidth time over the run that any placement of a group needs at least: on an
     # exact tie in run time, a row whose floor exceeds the best's cannot win.
     traffic = n_steps * floors[0] + n_steps * floors[4] + n_steps * floors[2]
-    # Best first: bound 2 puts the exact matmul time in place of its FLOP bound; only then
-    # is the row placed on the real levels. Nothing still queued can beat the best once
-    # the smallest bound left exceeds it (in run time: `reference.tie_key`).
-    queue = list(zip(low[alive].tolist(), [1] * len(alive), alive.tolist()))
-    heapq.heapify(queue)
+    # Best first; nothing left can beat the best once its bound exceeds it (in run time,
+    # as `reference.tie_key` compares).
+    order = np.lexsort((alive, low))
     groups: dict = {}
     best_key = None
     best = None
-    while queue:
-        bound, stage, idx = heapq.heappop(queue)
+    for j in order.tolist():
+        bound, idx = float(low[j]), int(alive[j])
         gi = int(lay.group[idx])
         if best_key is None:
             if bound > max_step:
@@ -453,13 +497,7 @@ def best_plan(gpu: GPU, model: Model, settings: Settings, N: int,
         v, zb = int(lay.g_v[gi]), bool(lay.g_zb[gi])
         DP, TPm, TPf, PP, EP = deg
         m = int(lay.m[idx])
-        matmul = (L // PP) * (s // EP) * m * _six_matmuls(gk, f // TPf, d // TPm,
-                                                          B // (DP * m * s))
-        if stage == 1:
-            fl = [float(x[gi]) for x in floors]
-            low2, _ = step_seconds(matmul, *fl, PP, m, v, zb, *flags)
-            heapq.heappush(queue, (low2, 2, idx))
-            continue
+        matmul = matmuls[j]
         if gi not in groups:
             groups[gi] = _placed_comm(model, levels, caps, deg, v, N, by)
         group = groups[gi]
