@@ -300,8 +300,8 @@ class _Layouts:
         g_zb, g_v = op_zb[pe_key], op_v[pe_key]
         # Expand by the microbatch counts: the first 4 (1 under ZB) divisors of B/(s·DP)
         # that are ≥ PP (≥ 2·PP under ZB).
-        dps = np.unique(g_dp)
-        self.dp_keys = dps.tolist()
+        self.dp_keys = sorted(set(g_dp.tolist()))  # (np.unique would import numpy.ma)
+        dps = np.array(self.dp_keys, dtype=np.int64)
         g_dpk = np.searchsorted(dps, g_dp)
         per_gpu = [B // (s * int(x)) for x in dps]
         divs = [np.array(divisors(x) if x else (), dtype=np.int64) for x in per_gpu]
@@ -462,28 +462,26 @@ def best_plan(gpu: GPU, model: Model, settings: Settings, N: int,
     alive = np.flatnonzero(low <= max_step)
     if not len(alive):
         return None
-    # Bound 2, for the survivors: the exact matmul time in place of its FLOP bound.
-    g_alive = lay.group[alive]
-    tpf, tpm, dp_a = lay.g_tpf[g_alive], lay.g_tpm[g_alive], lay.g_dp[g_alive]
-    m_a = lay.m[alive]
-    b_a = B // (dp_a * m_a * s)
-    six = np.array([_six_matmuls(gk, f // x, d // y, z)
-                    for x, y, z in zip(tpf.tolist(), tpm.tolist(), b_a.tolist())])
-    per = ((L // lay.pp[alive]) * (s // lay.EP) * m_a).tolist()
-    matmuls = [x * y for x, y in zip(per, six.tolist())]  # `reference.step_time`'s product
-    low = _bounds(np.array(matmuls), floors, lay, flags, alive)
     # The bandwidth time over the run that any placement of a group needs at least: on an
     # exact tie in run time, a row whose floor exceeds the best's cannot win.
-    traffic = n_steps * floors[0] + n_steps * floors[4] + n_steps * floors[2]
-    # Best first; nothing left can beat the best once its bound exceeds it (in run time,
-    # as `reference.tie_key` compares).
-    order = np.lexsort((alive, low))
+    traffic = (n_steps * floors[0] + n_steps * floors[4] + n_steps * floors[2]).tolist()
+    # Best first: bound 2 puts the exact matmul time in place of its FLOP bound; only then
+    # is the row placed on the real levels. Nothing still queued can beat the best once
+    # the smallest bound left exceeds it (in run time, as `reference.tie_key` compares).
+    rows = alive.tolist()
+    row_group = lay.group[alive].tolist()
+    row_m = lay.m[alive].tolist()
+    floor_rows = np.stack(floors, axis=1).tolist()
+    queue = [(x, 1, i, j) for j, (x, i) in enumerate(zip(low[alive].tolist(), rows))]
+    heapq.heapify(queue)
+    info: dict = {}
+    matmuls: dict = {}
     groups: dict = {}
     best_key = None
     best = None
-    for j in order.tolist():
-        bound, idx = float(low[j]), int(alive[j])
-        gi = int(lay.group[idx])
+    while queue:
+        bound, stage, idx, j = heapq.heappop(queue)
+        gi = row_group[j]
         if best_key is None:
             if bound > max_step:
                 break
@@ -491,12 +489,20 @@ def best_plan(gpu: GPU, model: Model, settings: Settings, N: int,
             run = n_steps * bound
             if run > best_key[0]:
                 break
-            if run == best_key[0] and (float(traffic[gi]), idx) > best_key[1:3]:
+            if run == best_key[0] and (traffic[gi], idx) > best_key[1:3]:
                 continue
-        deg = lay.degrees(gi)
-        v, zb = int(lay.g_v[gi]), bool(lay.g_zb[gi])
+        if gi not in info:
+            info[gi] = (lay.degrees(gi), int(lay.g_v[gi]), bool(lay.g_zb[gi]))
+        deg, v, zb = info[gi]
         DP, TPm, TPf, PP, EP = deg
-        m = int(lay.m[idx])
+        m = row_m[j]
+        if stage == 1:
+            matmul = (L // PP) * (s // EP) * m * _six_matmuls(gk, f // TPf, d // TPm,
+                                                              B // (DP * m * s))
+            matmuls[j] = matmul
+            low2, _ = step_seconds(matmul, *floor_rows[gi], PP, m, v, zb, *flags)
+            heapq.heappush(queue, (low2, 2, idx, j))
+            continue
         matmul = matmuls[j]
         if gi not in groups:
             groups[gi] = _placed_comm(model, levels, caps, deg, v, N, by)
