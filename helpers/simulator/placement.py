@@ -33,6 +33,7 @@ class PlacementTable:
     dp_index: np.ndarray
     tp_index: np.ndarray
     ppep_index: np.ndarray
+    stacked_index: np.ndarray  # (n, 3): rows of [tp splits; PP/EP splits; DP splits] stacked
 
     def place(self, i: int) -> tuple[tuple[int, ...], ...]:
         """Placement `i` as `place[type][level]`, the reference's form."""
@@ -74,8 +75,10 @@ def _inner_table(caps: tuple[int, ...], sig: tuple[int, ...]):
     if len(done) == 0:
         return None
     prod = done.prod(axis=1)  # (n, 5): each type's product over the inner levels
-    return done, prod, _distinct(done, [0], caps), _distinct(done, [1, 2], caps), \
-        _distinct(done, [3, 4], caps)
+    dp, tp, pe = (_distinct(done, [0], caps), _distinct(done, [1, 2], caps),
+                  _distinct(done, [3, 4], caps))
+    stacked = np.stack([tp[1], pe[1] + len(tp[0]), dp[1] + len(tp[0]) + len(pe[0])], axis=1)
+    return done, prod, dp, tp, pe, stacked
 
 
 @lru_cache(maxsize=None)
@@ -97,8 +100,8 @@ def placement_table(caps: tuple[int, ...], degrees: tuple[int, ...]) -> Placemen
     got = _inner_table(caps, sig)
     if got is None:
         return None
-    inner, prod, (_, dp_i), (_, tp_i), (_, pe_i) = got
+    inner, prod, (_, dp_i), (_, tp_i), (_, pe_i), stacked = got
     outer = np.array(degrees, dtype=np.int64)[None, :] // prod
     return PlacementTable(inner, outer, _with_outer(caps, sig, 0, degrees[:1]),
                           _with_outer(caps, sig, 1, degrees[1:3]),
-                          _with_outer(caps, sig, 2, degrees[3:5]), dp_i, tp_i, pe_i)
+                          _with_outer(caps, sig, 2, degrees[3:5]), dp_i, tp_i, pe_i, stacked)

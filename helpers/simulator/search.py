@@ -380,12 +380,13 @@ def _placed_comm(model: Model, levels, caps, deg, v, N, by):
     table = placement_table(caps, deg)
     if table is None:
         return None
-    d, f, L, B = model.d, model.f, model.L, model.B
-    dp = np.array([_dp(model.P, x, levels, N, by) for x in table.dp])
-    tp = np.array([_tp_pair(d, f, L, B, x, y, levels, N, by) for x, y in table.tp])
-    pe = np.array([_ppep_exact(d, L, B, v, x, y, levels, N, by) for x, y in table.ppep])
-    tp, pe, dp = tp[table.tp_index], pe[table.ppep_index], dp[table.dp_index]
-    return table, (tp[:, 0], tp[:, 1], pe[:, 0], pe[:, 1], dp[:, 0], dp[:, 1])
+    d, f, L, B, P = model.d, model.f, model.L, model.B, model.P
+    parts = ([_tp_pair(d, f, L, B, x, y, levels, N, by) for x, y in table.tp]
+             + [_ppep_exact(d, L, B, v, x, y, levels, N, by) for x, y in table.ppep]
+             + [_dp(P, x, levels, N, by) for x in table.dp])
+    # (n, 6): tp_bw, tp_lat, ppep_bw, ppep_lat, dp_bw, dp_lat of every placement.
+    per = np.array(parts)[table.stacked_index].reshape(-1, 6)
+    return table, tuple(per.T)
 
 
 def _steps(matmul, tp_bw, tp_lat, ppep_bw, ppep_lat, dp_bw, dp_lat, PP, m, v, zb,
@@ -468,20 +469,26 @@ def best_plan(gpu: GPU, model: Model, settings: Settings, N: int,
     # Best first: bound 2 puts the exact matmul time in place of its FLOP bound; only then
     # is the row placed on the real levels. Nothing still queued can beat the best once
     # the smallest bound left exceeds it (in run time, as `reference.tie_key` compares).
-    rows = alive.tolist()
-    row_group = lay.group[alive].tolist()
-    row_m = lay.m[alive].tolist()
+    # Two sources, merged best first: the rows at bound 1 in ascending order, and a heap of
+    # rows at bound 2.
+    order = alive[np.argsort(low[alive], kind="stable")]
+    low1, rows1 = low[order].tolist(), order.tolist()
+    group1, m1 = lay.group[order].tolist(), lay.m[order].tolist()
+    n1, p1 = len(rows1), 0
     floor_rows = np.stack(floors, axis=1).tolist()
-    queue = [(x, 1, i, j) for j, (x, i) in enumerate(zip(low[alive].tolist(), rows))]
-    heapq.heapify(queue)
+    queue: list = []
     info: dict = {}
-    matmuls: dict = {}
     groups: dict = {}
     best_key = None
     best = None
-    while queue:
-        bound, stage, idx, j = heapq.heappop(queue)
-        gi = row_group[j]
+    while True:
+        if p1 < n1 and (not queue or low1[p1] <= queue[0][0]):
+            bound, idx, gi, m, matmul = low1[p1], rows1[p1], group1[p1], m1[p1], None
+            p1 += 1
+        elif queue:
+            bound, idx, gi, m, matmul = heapq.heappop(queue)
+        else:
+            break
         if best_key is None:
             if bound > max_step:
                 break
@@ -495,15 +502,12 @@ def best_plan(gpu: GPU, model: Model, settings: Settings, N: int,
             info[gi] = (lay.degrees(gi), int(lay.g_v[gi]), bool(lay.g_zb[gi]))
         deg, v, zb = info[gi]
         DP, TPm, TPf, PP, EP = deg
-        m = row_m[j]
-        if stage == 1:
+        if matmul is None:
             matmul = (L // PP) * (s // EP) * m * _six_matmuls(gk, f // TPf, d // TPm,
                                                               B // (DP * m * s))
-            matmuls[j] = matmul
             low2, _ = step_seconds(matmul, *floor_rows[gi], PP, m, v, zb, *flags)
-            heapq.heappush(queue, (low2, 2, idx, j))
+            heapq.heappush(queue, (low2, idx, gi, m, matmul))
             continue
-        matmul = matmuls[j]
         if gi not in groups:
             groups[gi] = _placed_comm(model, levels, caps, deg, v, N, by)
         group = groups[gi]
