@@ -465,25 +465,31 @@ def best_plan(gpu: GPU, model: Model, settings: Settings, N: int,
         return None
     # The bandwidth time over the run that any placement of a group needs at least: on an
     # exact tie in run time, a row whose floor exceeds the best's cannot win.
-    traffic = (n_steps * floors[0] + n_steps * floors[4] + n_steps * floors[2]).tolist()
+    traffic = n_steps * floors[0] + n_steps * floors[4] + n_steps * floors[2]
     # Best first: bound 2 puts the exact matmul time in place of its FLOP bound; only then
     # is the row placed on the real levels. Nothing still queued can beat the best once
     # the smallest bound left exceeds it (in run time, as `reference.tie_key` compares).
-    # Two sources, merged best first: the rows at bound 1 in ascending order, and a heap of
-    # rows at bound 2.
+    # Two sources are merged: the rows at bound 1 in ascending order, and a heap of rows
+    # at bound 2.
     order = alive[np.argsort(low[alive], kind="stable")]
-    low1, rows1 = low[order].tolist(), order.tolist()
-    group1, m1 = lay.group[order].tolist(), lay.m[order].tolist()
-    n1, p1 = len(rows1), 0
-    floor_rows = np.stack(floors, axis=1).tolist()
+    floors2d = np.stack(floors, axis=1)
+    n1, p1, CHUNK = len(order), 0, 64
+    base = -CHUNK  # the sorted rows as Python values, a chunk at a time from `base`
+    floor_rows: dict = {}
     queue: list = []
     info: dict = {}
     groups: dict = {}
     best_key = None
     best = None
     while True:
-        if p1 < n1 and (not queue or low1[p1] <= queue[0][0]):
-            bound, idx, gi, m, matmul = low1[p1], rows1[p1], group1[p1], m1[p1], None
+        if p1 < n1 and p1 >= base + CHUNK:
+            base = p1
+            sl = order[p1:p1 + CHUNK]
+            low1, rows1 = low[sl].tolist(), sl.tolist()
+            group1, m1 = lay.group[sl].tolist(), lay.m[sl].tolist()
+        if p1 < n1 and (not queue or low1[p1 - base] <= queue[0][0]):
+            k = p1 - base
+            bound, idx, gi, m, matmul = low1[k], rows1[k], group1[k], m1[k], None
             p1 += 1
         elif queue:
             bound, idx, gi, m, matmul = heapq.heappop(queue)
@@ -496,7 +502,7 @@ def best_plan(gpu: GPU, model: Model, settings: Settings, N: int,
             run = n_steps * bound
             if run > best_key[0]:
                 break
-            if run == best_key[0] and (traffic[gi], idx) > best_key[1:3]:
+            if run == best_key[0] and (float(traffic[gi]), idx) > best_key[1:3]:
                 continue
         if gi not in info:
             info[gi] = (lay.degrees(gi), int(lay.g_v[gi]), bool(lay.g_zb[gi]))
@@ -505,7 +511,10 @@ def best_plan(gpu: GPU, model: Model, settings: Settings, N: int,
         if matmul is None:
             matmul = (L // PP) * (s // EP) * m * _six_matmuls(gk, f // TPf, d // TPm,
                                                               B // (DP * m * s))
-            low2, _ = step_seconds(matmul, *floor_rows[gi], PP, m, v, zb, *flags)
+            fl = floor_rows.get(gi)
+            if fl is None:
+                fl = floor_rows[gi] = floors2d[gi].tolist()
+            low2, _ = step_seconds(matmul, *fl, PP, m, v, zb, *flags)
             heapq.heappush(queue, (low2, idx, gi, m, matmul))
             continue
         if gi not in groups:
