@@ -228,7 +228,7 @@ def _ppep_unit(levels, caps, PP, EP, v, L) -> tuple[float, float]:
 def clear_caches() -> None:
     """Forget every cached result (for honest cold-start benchmarks)."""
     for fn in (tile, _matmul, _six_matmuls, divisors, _microbatches, _splits, _pair_splits,
-               _dp, _ppep, _allreduce_levels, _dp_floor, _tp_floor, _ppep_floor, _layouts, _tp_shapes, _schedules, _tp_pair, _ppep_exact,
+               _dp, _ppep, _allreduce_levels, _dp_floor, _tp_floor, _ppep_floor, _pairs, _tp_shapes, _tp_unit_any, _ppep_unit_any, _schedules, _tp_pair, _ppep_exact,
                _dp_unit, _tp_unit, _ppep_weights, _ppep_unit,
                placement_table, factorization_table, _inner_table, _with_outer):
         fn.cache_clear()
@@ -256,31 +256,51 @@ def _segments(counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return row, np.arange(len(row)) - start[row]
 
 
-class _Layouts:
-    """The spec's layouts for N GPUs, one row per (degrees, v, zero-bubble, m), in the
-    spec's enumeration order: TP, then DP ascending; TP_ff ascending; schedule; m.
+class _Pairs:
+    """The (TP, DP, PP) triples of N GPUs that fit in memory, in the spec's order (TP
+    ascending, then DP ascending), with what the pre-filter of `best_plan` needs."""
 
-    Every column is an array. A group is one (degrees, v, zero-bubble): the rows that share
-    a placement table. Keys index the distinct TP shapes, DP degrees and (PP, v) pairs.
-    """
-
-    def __init__(self, N, d, f, L, s, B, P, hbm_bytes, by, schedules):
+    def __init__(self, N, d, f, L, s, B, P, hbm_bytes, by):
         EP = math.gcd(N, s)
         R = N // EP
         self.EP = EP
-        tps = [x for x in divisors(math.gcd(R, d * f)) if _tp_shapes(x, d, f)]
-        pps = divisors(math.gcd(R, L))[::-1]  # PP descending = DP ascending for a given TP
-        TPa = np.array(tps, dtype=np.int64)
-        PPa = np.array(pps, dtype=np.int64)
+        self.tps = [x for x in divisors(math.gcd(R, d * f)) if _tp_shapes(x, d, f)]
+        self.pps = divisors(math.gcd(R, L))[::-1]  # PP descending = DP ascending for one TP
+        TPa = np.array(self.tps, dtype=np.int64)
+        self.PPa = PPa = np.array(self.pps, dtype=np.int64)
         prod = TPa[:, None] * PPa[None, :]
         ok = R % prod == 0
         DPg = np.where(ok, R // np.where(ok, prod, 1), 1)
         ok &= B % DPg == 0
         ok &= N * hbm_bytes >= P * by * DPg + 4 * P * by  # `reference.memory_ok`
-        ti, pj = np.nonzero(ok)  # row-major: TP ascending, then DP ascending
-        DPp = DPg[ti, pj]
+        self.ti, self.pj = np.nonzero(ok)  # row-major: TP ascending, then DP ascending
+        self.DPp = DPg[self.ti, self.pj]
+        self.shapes = [_tp_shapes(x, d, f) for x in self.tps]
+        # The fewest padded 8×8×8 FLOP blocks of the six matmuls per token, over the shapes.
+        self.min_area = np.array([min(6 * 1024 * -(-(f // b) // 8) * -(-(d // a) // 8)
+                                      for a, b in x) for x in self.shapes], dtype=float)
+
+
+@lru_cache(maxsize=256)
+def _pairs(*key) -> _Pairs:
+    return _Pairs(*key)
+
+
+class _Layouts:
+    """The spec's layouts for N GPUs, one row per (degrees, v, zero-bubble, m), in the
+    spec's enumeration order: TP, then DP ascending; TP_ff ascending; schedule; m.
+
+    Only the triples of `pairs` selected by `keep` are expanded (the order is kept). Every
+    column is an array. A group is one (degrees, v, zero-bubble): the rows that share a
+    placement table. Keys index the distinct TP shapes, DP degrees and (PP, v) pairs.
+    """
+
+    def __init__(self, pairs: _Pairs, keep, d, f, L, s, B, schedules):
+        EP = self.EP = pairs.EP
+        tps, pps, PPa = pairs.tps, pairs.pps, pairs.PPa
+        ti, pj, DPp = pairs.ti[keep], pairs.pj[keep], pairs.DPp[keep]
         # Expand each (TP, DP) by its TP shapes.
-        shapes = [_tp_shapes(x, d, f) for x in tps]
+        shapes = pairs.shapes
         n_sh = np.array([len(x) for x in shapes], dtype=np.int64)
         sh_start = np.cumsum(n_sh) - n_sh
         self.tp_keys = [sh for x in shapes for sh in x]
@@ -334,11 +354,6 @@ class _Layouts:
     def degrees(self, g: int) -> tuple[int, int, int, int, int]:
         return (int(self.g_dp[g]), int(self.g_tpm[g]), int(self.g_tpf[g]), int(self.g_pp[g]),
                 self.EP)
-
-
-@lru_cache(maxsize=256)
-def _layouts(*key) -> _Layouts:
-    return _Layouts(*key)
 
 
 @lru_cache(maxsize=None)
@@ -436,6 +451,50 @@ def _bounds(matmul, floors, lay: _Layouts, flags, rows=slice(None)) -> np.ndarra
     return pipe + dp_bw + dp_lat
 
 
+@lru_cache(maxsize=None)
+def _tp_unit_any(levels, caps, shapes, f, d) -> tuple[float, float]:
+    """`_tp_unit` at the best of the TP shapes (each part on its own)."""
+    units = [_tp_unit(levels, caps, a, b, f, d) for a, b in shapes]
+    return min(u[0] for u in units), min(u[1] for u in units)
+
+
+@lru_cache(maxsize=None)
+def _ppep_unit_any(levels, caps, PP, EP, L, schedules) -> tuple[float, float]:
+    """`_ppep_unit` at the best of PP's schedules (each part on its own)."""
+    units = [_ppep_unit(levels, caps, PP, EP, v, L) for _, v in _schedules(schedules, PP, L)]
+    return min(u[0] for u in units), min(u[1] for u in units)
+
+
+def _pair_bounds(model: Model, pairs: _Pairs, levels, caps, N, by, schedules, flags,
+                 flop_s, lat6) -> np.ndarray:
+    """A lower bound on the step of every row of each (TP, DP, PP) triple."""
+    d, f, L, s, B, P = model.d, model.f, model.L, model.s, model.B, model.P
+    g = math.gcd(f, d)
+    tp = np.array([_tp_unit_any(levels, caps, x, f // g, d // g) for x in pairs.shapes])
+    pe = np.array([_ppep_unit_any(levels, caps, pp, pairs.EP, L, schedules) for pp in pairs.pps])
+    dp = np.array([_dp_unit(levels, caps, x) for x in pairs.DPp.tolist()]).reshape(-1, 2)
+    ti, pj = pairs.ti, pairs.pj
+    tp_bw = SHAVE * (8 * L * B * by / N * g) * tp[ti, 0]
+    tp_lat = SHAVE * (4 * L) * tp[ti, 1]
+    pe_bw = SHAVE * (4 * d * B * by / N) * pe[pj, 0]
+    pe_lat = SHAVE * pe[pj, 1]
+    dp_bw = SHAVE * (4 * P * by / N) * dp[:, 0]
+    dp_lat = SHAVE * dp[:, 1]
+    PP = pairs.PPa[pj]
+    per_stage = (L // PP) * (s // pairs.EP)
+    per_gpu = B // (s * pairs.DPp)
+    matmul = per_stage * (pairs.min_area[ti] * (per_gpu / 8) * flop_s + PP * lat6)
+    overlap_tp, overlap_pp, overlap_dp = flags
+    hidden = (tp_bw if overlap_tp else 0.0) + (pe_bw if overlap_pp else 0.0)
+    exposed = (0.0 if overlap_tp else tp_bw) + (0.0 if overlap_pp else pe_bw)
+    pipe = np.maximum(matmul, hidden) + exposed
+    if "zero_bubble" not in schedules:
+        pipe = pipe + (tp_lat + pe_lat)
+    if overlap_dp:
+        return np.maximum(pipe, dp_bw) + dp_lat
+    return pipe + dp_bw + dp_lat
+
+
 def best_plan(gpu: GPU, model: Model, settings: Settings, N: int,
               max_step: float = math.inf) -> Plan | None:
     """The fastest layout of `model` on `N` GPUs, identical to `reference.best_plan`.
@@ -449,15 +508,29 @@ def best_plan(gpu: GPU, model: Model, settings: Settings, N: int,
     flags = (settings.overlap_tp, settings.overlap_pp, settings.overlap_dp)
     L, s, B, d, f = model.L, model.s, model.B, model.d, model.f
     n_steps = model.D / model.B
-    lay = _layouts(N, d, f, L, s, B, model.P, gpu.hbm_bytes, by, tuple(settings.schedules))
+    pairs = _pairs(N, d, f, L, s, B, model.P, gpu.hbm_bytes, by)
+    if not len(pairs.ti):
+        return None
+    schedules = tuple(settings.schedules)
+    flop_s = (1 - 1e-9) / gpu.sustained_flops
+    lat6 = (1 - 1e-9) * 6 * gpu.latency_per_matmul_s
+    keep = slice(None)
+    if max_step < math.inf:
+        # Bound 0, per (TP, DP, PP): FLOP at the sustained rate (m·⌈b/8⌉ ≥ B/(s·DP)/8, m ≥
+        # PP) and each communication part at its best split, TP shape and schedule; no
+        # bubble, and no TP/PP latency if a zero-bubble schedule may hide it. It bounds
+        # every row of the triple, so triples above the deadline are never expanded.
+        keep = np.flatnonzero(_pair_bounds(model, pairs, levels, caps, N, by, schedules,
+                                           flags, flop_s, lat6) <= max_step)
+        if not len(keep):
+            return None
+    lay = _Layouts(pairs, keep, d, f, L, s, B, schedules)
     if not len(lay.m):
         return None
 
     # Bound 1, for every row at once: the six matmuls at their FLOP at the sustained rate
     # plus their fixed latency (shaved by 1e-9 so float rounding can never lift it above
     # the exact time), with each communication part at its own best split.
-    flop_s = (1 - 1e-9) / gpu.sustained_flops
-    lat6 = (1 - 1e-9) * 6 * gpu.latency_per_matmul_s
     floors = _floors(model, lay, levels, caps, N, by)
     low = _bounds(lay.per_stage_m * (lay.flop_blocks * flop_s + lat6), floors, lay, flags)
     alive = np.flatnonzero(low <= max_step)
