@@ -9,7 +9,6 @@ TP_ff) and of (PP, EP), the three groups the communication cost separates into.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
@@ -23,17 +22,23 @@ def factorization_table(cap: int) -> np.ndarray:
     return np.array(list(ordered_factorizations(cap, 5)), dtype=np.int64).reshape(-1, 5)
 
 
-@dataclass(frozen=True)
 class PlacementTable:
-    inner: np.ndarray    # (n, inner levels, 5): each placement's degree per inner level
-    outer: np.ndarray    # (n, 5): what the outermost level takes
-    dp: tuple            # distinct DP splits (tuples over levels)
-    tp: tuple            # distinct (TP_model, TP_ff) splits
-    ppep: tuple          # distinct (PP, EP) splits
-    dp_index: np.ndarray
-    tp_index: np.ndarray
-    ppep_index: np.ndarray
-    stacked_index: np.ndarray  # (n, 3): rows of [tp splits; PP/EP splits; DP splits] stacked
+    """Every placement of one layout's degrees (a plain class: built once per layout)."""
+
+    __slots__ = ("inner", "outer", "dp", "tp", "ppep", "dp_index", "tp_index", "ppep_index",
+                 "stacked_index")
+
+    def __init__(self, inner, outer, dp, tp, ppep, dp_index, tp_index, ppep_index,
+                 stacked_index):
+        self.inner = inner    # (n, inner levels, 5): each placement's degree per inner level
+        self.outer = outer    # (n, 5): what the outermost level takes
+        self.dp = dp          # distinct DP splits (tuples over levels)
+        self.tp = tp          # distinct (TP_model, TP_ff) splits
+        self.ppep = ppep      # distinct (PP, EP) splits
+        self.dp_index = dp_index
+        self.tp_index = tp_index
+        self.ppep_index = ppep_index
+        self.stacked_index = stacked_index  # (n, 3): rows of [tp; PP/EP; DP] splits stacked
 
     def place(self, i: int) -> tuple[tuple[int, ...], ...]:
         """Placement `i` as `place[type][level]`, the reference's form."""

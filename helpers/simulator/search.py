@@ -31,7 +31,7 @@ from helpers.hardware import GPU
 
 from .comm import (allreduce, dp_comm, ep_frequencies, outer, pp_frequencies, ppep_comm,
                    top_level)
-from .matmul import matmul_time, tile
+from .matmul import matmul_constants, matmul_seconds, tile
 from .placement import _inner_table, _with_outer, factorization_table, placement_table
 from .plan import Plan
 from .reference import (bubble_fraction, combine, level_capacities, schedule_options,
@@ -40,7 +40,7 @@ from .reference import divisors as _slow_divisors
 from .scaling import Model
 from .settings import Settings
 
-_GPUS: dict[int, GPU] = {}
+_GPUS: dict[int, tuple] = {}  # `matmul.matmul_constants` of each GPU
 _GPU_IDS: dict[tuple, int] = {}
 
 
@@ -51,13 +51,14 @@ def _gpu_key(gpu: GPU) -> int:
            gpu.hbm_Bps, gpu.hbm_bytes, gpu.max_clock_Hz, gpu.effective_utilization,
            gpu.distributed_shared_memory, gpu.latency_per_matmul_s, gpu.network_levels)
     gk = _GPU_IDS.setdefault(key, len(_GPU_IDS))
-    _GPUS[gk] = gpu
+    if gk not in _GPUS:
+        _GPUS[gk] = matmul_constants(gpu)
     return gk
 
 
 @lru_cache(maxsize=None)
 def _matmul(gk: int, d1: int, d2: int, b: int, weight_grad: bool) -> float:
-    return matmul_time(_GPUS[gk], d1, d2, b, weight_grad)
+    return matmul_seconds(_GPUS[gk], d1, d2, b, weight_grad)
 
 
 @lru_cache(maxsize=None)
@@ -601,6 +602,8 @@ def best_plan(gpu: GPU, model: Model, settings: Settings, N: int,
         # earliest row and placement.
         runs = n_steps * steps
         run = float(runs.min())
+        if best_key is not None and run > best_key[0]:
+            continue
         ties = np.flatnonzero(runs == run)
         tp_bw, _, ppep_bw, _, dp_bw, _ = (c[ties] for c in comm)
         moved = n_steps * tp_bw + n_steps * dp_bw + n_steps * ppep_bw
