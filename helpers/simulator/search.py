@@ -348,8 +348,14 @@ class _Layouts:
         # The FLOP of the six matmuls, in padded 8×8×8 blocks of 2·8³, is
         # 6·1024·⌈f'/8⌉·⌈d'/8⌉·⌈b/8⌉ (`matmul.matmul_flop`); in floats (a bound only).
         b = B // (dp_r * self.m * s)
-        self.flop_blocks = (6.0 * 1024 * -(-(f // tpf_r) // 8) * -(-(d // tpm_r) // 8)
-                            * -(-b // 8))
+        fp, dp_ = f // tpf_r, d // tpm_r
+        self.flop_blocks = (6.0 * 1024 * -(-fp // 8) * -(-dp_ // 8) * -(-b // 8))
+        # Words the six matmuls move between HBM and L2 at least (`matmul.boundary_io` with
+        # one tile row and column): each reads its two activations once, Σ = 6·(f'+d')·b;
+        # weights that do not stay in L2 are read (W) or read and written (2W, weight
+        # gradients): 8·f'·d' over the six.
+        self.act_words = 6.0 * (fp + dp_) * b
+        self.weight_words = 8.0 * fp * dp_
         self.per_stage_m = ((L // self.pp) * (s // EP) * self.m).astype(float)
 
     def degrees(self, g: int) -> tuple[int, int, int, int, int]:
@@ -533,7 +539,14 @@ def best_plan(gpu: GPU, model: Model, settings: Settings, N: int,
     # plus their fixed latency (shaved by 1e-9 so float rounding can never lift it above
     # the exact time), with each communication part at its own best split.
     floors = _floors(model, lay, levels, caps, N, by)
-    low = _bounds(lay.per_stage_m * (lay.flop_blocks * flop_s + lat6), floors, lay, flags)
+    # A matmul takes at least its FLOP time and at least its HBM traffic time, so the six
+    # take at least the larger of the two sums.
+    l2_cap = _GPUS[gk][2]
+    io_words = lay.act_words + np.where(lay.weight_words / 4 * by > l2_cap,
+                                        lay.weight_words, 0.0)
+    io_s = (1 - 1e-9) * by / gpu.hbm_Bps
+    low = _bounds(lay.per_stage_m * (np.maximum(lay.flop_blocks * flop_s, io_words * io_s)
+                                     + lat6), floors, lay, flags)
     alive = np.flatnonzero(low <= max_step)
     if not len(alive):
         return None
