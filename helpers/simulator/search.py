@@ -1,23 +1,28 @@
 """The search of spec §6, fast: same candidates, same arithmetic, far fewer evaluations.
 
-Four things make it fast while keeping every result bit-identical to `reference`:
+Every result is bit-identical to `reference.best_plan` (tests/test_simulator.py checks the
+whole default H100 curve and samples of the others). What makes it fast:
 
-* caching — matmul times, divisors, placements and each parallelism type's communication
-  are pure functions of small hashable arguments, so each is computed once;
-* best-first order — a candidate layout is queued under ever tighter lower bounds on its
-  step: its FLOP at the sustained rate; then that plus each part of the communication at
-  its own best split over the levels; then the same with the exact matmul time; only then
-  is it placed on the real levels. The search stops when the smallest bound left exceeds
-  the best real step, since nothing still queued can beat it;
-* vectors — all placements of one layout are timed at once with numpy, using the same
-  IEEE operations in the same order as the scalar `reference.step_seconds`;
-* a deadline — when sizing a cluster, a layout whose bound already misses the run's
-  duration cannot make the cluster feasible, so it is never placed.
+* vectors — all layouts of a cluster (TP, DP, PP, TP shape, schedule, m) are enumerated at
+  once with numpy in the spec's order and bounded from below in one pass; all placements
+  of one layout are timed at once, with the same IEEE operations in the same order as the
+  scalar `reference.step_seconds`;
+* bounds, each provably below the exact step: per (TP, DP, PP) triple against the run's
+  deadline; per row, the six matmuls at their FLOP or their least HBM traffic (shaved by
+  1e-9) with each communication part at its own best split over the levels; then the
+  exact matmul time. Rows are taken best first and the search stops when the smallest
+  bound left exceeds the best run time found;
+* N-free caches — each communication part is a cluster-wide factor (·/N) times a sum or
+  maximum of small integers over each level's bandwidth, so its best split is cached once
+  per curve (shaved by 1e-12: computed in another order than `comm`, it may differ from
+  the exact value by a few ulps) and only scaled per cluster size. Matmul times, divisors,
+  placement tables and the exact communication of each split are cached too.
 
 Ties are settled as in the reference (`reference.tie_key`, the public reference code's
-rule): among equal (run time, bandwidth time) keys the earliest candidate in the spec's
+rule): among equal (run time, bandwidth time) keys the earliest row in the spec's
 enumeration order wins, and within it the earliest placement, so the order of evaluation
-does not change the answer.
+does not change the answer. A row whose bandwidth floor already exceeds the best's cannot
+win a tie and is skipped.
 """
 from __future__ import annotations
 
@@ -29,8 +34,7 @@ import numpy as np
 
 from helpers.hardware import GPU
 
-from .comm import (allreduce, dp_comm, ep_frequencies, outer, pp_frequencies, ppep_comm,
-                   top_level)
+from .comm import allreduce, dp_comm, ep_frequencies, outer, pp_frequencies, top_level
 from .matmul import matmul_constants, matmul_seconds, tile
 from .placement import _inner_table, _with_outer, factorization_table, placement_table
 from .plan import Plan
@@ -84,7 +88,6 @@ def _plain_levels(levels) -> tuple[_Level, ...]:
 
 
 _dp = lru_cache(maxsize=None)(dp_comm)
-_ppep = lru_cache(maxsize=None)(ppep_comm)
 
 
 @lru_cache(maxsize=None)
@@ -110,46 +113,12 @@ def _pair_splits(caps, a: int, b: int):
                  if all(cap % (i * j) == 0 for cap, i, j in zip(caps, x, y)))
 
 
-def _floor(results) -> tuple[float, float]:
-    return min(r[0] for r in results), min(r[1] for r in results)
-
-
-@lru_cache(maxsize=None)
-def _dp_floor(P, DP, levels, caps, N, by):
-    return _floor([_dp(P, x, levels, N, by) for x in _splits(caps, DP)])
-
-
 @lru_cache(maxsize=None)
 def _allreduce_levels(words, split, rs, rp, levels, N, by) -> tuple[tuple[float, ...], ...]:
     """(bandwidth, latency) per level of one TP kind, as in `comm.tp_comm`'s loop."""
     per = [allreduce(words, split[k], rs, rp * outer(split, k), lv, N, by)
            for k, lv in enumerate(levels)]
     return tuple(x[0] for x in per), tuple(x[1] for x in per)
-
-
-def _tp_pairs(d, f, L, B, pairs, levels, N, by) -> list[tuple[float, float]]:
-    """`comm.tp_comm` for many (TP_model, TP_ff) splits, operation for operation, reusing
-    each split's per-level all-reduce times."""
-    out = []
-    for x, y in pairs:
-        bw1, lat1 = _allreduce_levels(f, x, 2 * L, B, levels, N, by)
-        bw2, lat2 = _allreduce_levels(d, y, 2 * L, B, levels, N, by)
-        bw_max, lat_sum = 0.0, 0.0
-        for k in range(len(levels)):
-            bw_max = max(bw_max, bw1[k] + bw2[k])
-            lat_sum += lat1[k] + lat2[k]
-        out.append((bw_max, lat_sum))
-    return out
-
-
-@lru_cache(maxsize=None)
-def _tp_floor(d, f, L, B, TPm, TPf, levels, caps, N, by):
-    return _floor(_tp_pairs(d, f, L, B, _pair_splits(caps, TPm, TPf), levels, N, by))
-
-
-@lru_cache(maxsize=None)
-def _ppep_floor(d, L, B, v, PP, EP, levels, caps, N, by):
-    return _floor([_ppep(d, L, B, v, x, y, levels, N, by) for x, y in _pair_splits(caps, PP, EP)])
 
 
 # --- lower bounds on each communication part, free of N and mostly of the model ----------
@@ -229,9 +198,9 @@ def _ppep_unit(levels, caps, PP, EP, v, L) -> tuple[float, float]:
 def clear_caches() -> None:
     """Forget every cached result (for honest cold-start benchmarks)."""
     for fn in (tile, _matmul, _six_matmuls, divisors, _microbatches, _splits, _pair_splits,
-               _dp, _ppep, _allreduce_levels, _dp_floor, _tp_floor, _ppep_floor, _pairs, _tp_shapes, _tp_unit_any, _ppep_unit_any, _schedules, _tp_pair, _ppep_exact,
-               _dp_unit, _tp_unit, _ppep_weights, _ppep_unit,
-               placement_table, factorization_table, _inner_table, _with_outer):
+               _dp, _allreduce_levels, _dp_unit, _tp_unit, _ppep_weights, _ppep_unit,
+               _tp_unit_any, _ppep_unit_any, _tp_shapes, _schedules, _pairs, _tp_pair,
+               _ppep_exact, placement_table, factorization_table, _inner_table, _with_outer):
         fn.cache_clear()
     _GPUS.clear()
     _GPU_IDS.clear()
