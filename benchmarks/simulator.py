@@ -2,8 +2,11 @@
 
 Each run starts cold (every cache cleared), computes the whole curve until the first
 infeasible grid point, and is timed with a wall clock; CPU time is shown too because on a
-shared machine the wall clock also measures the neighbours. The last line is one JSON
-object: {"dense_s", "sparse_s", "dense_points", "sparse_points"} (medians, seconds).
+shared machine the wall clock also measures the neighbours. Then the dense curve is
+computed once more with the direct transcription (`reference.size_cluster`, about 20 s)
+and compared plan for plan, layout and placement included. The last line is one JSON
+object: {"dense_s", "sparse_s", "dense_points", "sparse_points", "target_dense_s",
+"identical_to_reference", "reference_dense_s"} (medians of the fast runs, seconds).
 """
 from __future__ import annotations
 
@@ -13,21 +16,23 @@ import statistics
 import time
 
 from helpers.hardware import H100_SXM
-from helpers.simulator import search
+from helpers.simulator import reference, search
 from helpers.simulator.curve import run_curve
 from helpers.simulator.settings import Settings
 
 
-def measure(settings: Settings, runs: int) -> tuple[list[float], list[float], int]:
-    walls, cpus, points = [], [], 0
+TARGET_DENSE_S = 0.1  # issue 11: notebook 06 re-runs a dense curve on release of a slider
+
+
+def measure(settings: Settings, runs: int):
+    walls, cpus, curve = [], [], None
     for _ in range(runs):
         search.clear_caches()
         w0, c0 = time.perf_counter(), time.process_time()
         curve = run_curve(H100_SXM, settings)
         walls.append(time.perf_counter() - w0)
         cpus.append(time.process_time() - c0)
-        points = len(curve.points)
-    return walls, cpus, points
+    return walls, cpus, curve
 
 
 def line(what: str, walls: list[float], cpus: list[float], points: int) -> str:
@@ -42,13 +47,26 @@ def main() -> None:
     p.add_argument("--runs", type=int, default=5)
     args = p.parse_args()
     result = {}
+    curves = {}
     for key, settings in (("dense", Settings()), ("sparse", Settings(sparse=True))):
-        walls, cpus, points = measure(settings, args.runs)
-        print(line(f"H100 SXM {key} curve", walls, cpus, points))
+        walls, cpus, curve = measure(settings, args.runs)
+        curves[key] = curve
+        print(line(f"H100 SXM {key} curve", walls, cpus, len(curve.points)))
         result[f"{key}_s"] = round(statistics.median(walls), 3)
-        result[f"{key}_points"] = points
+        result[f"{key}_points"] = len(curve.points)
+    result["target_dense_s"] = TARGET_DENSE_S
+    w0 = time.perf_counter()
+    slow = run_curve(H100_SXM, Settings(), sizer=reference.size_cluster)
+    result["reference_dense_s"] = round(time.perf_counter() - w0, 3)
+    same = [a.plan == b.plan for a, b in zip(curves["dense"].points, slow.points)]
+    result["identical_to_reference"] = len(slow.points) == len(same) and all(same)
+    print(f"reference.py dense curve: {result['reference_dense_s']:.1f} s wall; plans "
+          f"{'identical' if result['identical_to_reference'] else 'DIFFERENT'} at "
+          f"{sum(same)} of {len(slow.points)} points")
     print(json.dumps({k: result[k] for k in ("dense_s", "sparse_s", "dense_points",
-                                              "sparse_points")}))
+                                              "sparse_points", "target_dense_s",
+                                              "identical_to_reference",
+                                              "reference_dense_s")}))
 
 
 if __name__ == "__main__":

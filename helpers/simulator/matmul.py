@@ -56,6 +56,27 @@ def matmul_flop(d1: int, d2: int, b: int) -> int:
     return 2 * math.ceil(d1 / 8) * math.ceil(d2 / 8) * math.ceil(b / 8) * 8**3
 
 
+def matmul_constants(gpu: GPU) -> tuple:
+    """What `matmul_time` reads from the GPU, computed once (the search caches it)."""
+    R = 0.75 * gpu.register_bytes_per_processing_block
+    return (gpu.bytes_per_word, R, max(0.75 * gpu.l2_bytes, 4 * R), gpu.num_sms,
+            gpu.distributed_shared_memory, gpu.hbm_Bps, gpu.l2_Bps, gpu.shared_Bps,
+            gpu.sustained_flops, gpu.latency_per_matmul_s)
+
+
+def matmul_seconds(k: tuple, d1: int, d2: int, b: int, weight_grad: bool = False) -> float:
+    """`matmul_time` from `matmul_constants`: the same operations in the same order."""
+    by, R, l2_cap, sms, dsmem, hbm_Bps, l2_Bps, shared_Bps, flops, latency = k
+    hbm_l2, _ = boundary_io(d1, d2, b, weight_grad, l2_cap, 1, False, by)
+    l2_sm, l2_sm_ds = boundary_io(d1, d2, b, weight_grad, 4 * R, sms, dsmem, by)
+    sm_reg, _ = boundary_io(d1, d2, b, weight_grad, R, 4 * sms, False, by)
+    hbm_io = hbm_l2
+    l2_io = hbm_l2 + l2_sm
+    sm_io = l2_sm + l2_sm_ds + sm_reg
+    return max(hbm_io / hbm_Bps, l2_io / l2_Bps, sm_io / shared_Bps,
+               matmul_flop(d1, d2, b) / flops) + latency
+
+
 def matmul_time(gpu: GPU, d1: int, d2: int, b: int, weight_grad: bool = False) -> float:
     """Seconds for a `d1×d2` weight times `d2×b` activations (or the weight-gradient product)."""
     by = gpu.bytes_per_word

@@ -26,19 +26,8 @@ class StepTime:
 
     @property
     def comm(self) -> float:
-        """All communication time, overlapped or not: the spec's tie-breaker."""
+        """All communication time, overlapped or not, latencies included."""
         return self.tp_bw + self.tp_lat + self.ppep_bw + self.ppep_lat + self.dp_bw + self.dp_lat
-
-    @property
-    def exposed(self) -> float:
-        """The part of the step not spent in matmuls: the last tie-breaker.
-
-        Mirror-image 2-D TP layouts (TP_model·4 ↔ TP_ff) give the same step and the same
-        communication; their matmul sums differ only in the last bit. Preferring the one
-        with less time outside the matmuls reproduces the spec's §8 choice of (8, 64) at
-        2.05e28 while keeping (4, 8) at the first grid point.
-        """
-        return self.step - self.matmul
 
 
 @dataclass(frozen=True)

@@ -94,10 +94,14 @@ def step_seconds(matmul, tp_bw, tp_lat, ppep_bw, ppep_lat, dp_bw, dp_lat, PP, m,
     return pipe + dp_bw + dp_lat, bubble
 
 
-def tie_key(t: StepTime) -> tuple[float, float, float]:
-    """What "faster" means in the search: step time; on an exact tie, less communication
-    (spec §6); if that ties too, less time outside the matmuls."""
-    return t.step, t.comm, t.exposed
+def tie_key(t: StepTime, steps: float) -> tuple[float, float]:
+    """What "faster" means in the search, as the public reference code decides it
+    (`optimal_parallelism` in its optimal_parallelism.ipynb): the whole run's time
+    (`steps` = D/B steps of `t.step` seconds); on an exact tie, strictly less bandwidth
+    time of TP + DP + PP/EP over the run (latencies are not part of it). A candidate that
+    ties on both keeps the earlier one in the enumeration order (the caller compares with
+    `<`)."""
+    return steps * t.step, steps * t.tp_bw + steps * t.dp_bw + steps * t.ppep_bw
 
 
 def memory_ok(gpu: GPU, model: Model, N: int, DP: int) -> bool:
@@ -165,6 +169,7 @@ def best_plan(gpu: GPU, model: Model, settings: Settings, N: int) -> Plan | None
                                min(lv.latency_s for lv in levels)),)
     EP = math.gcd(N, s)
     R = N // EP
+    steps = model.D / model.B
     best = None
     for TP in divisors(math.gcd(R, d * f)):
         for DP in divisors(math.gcd(R // TP, B)):
@@ -183,11 +188,11 @@ def best_plan(gpu: GPU, model: Model, settings: Settings, N: int) -> Plan | None
                         degrees = (DP, TPm, TPf, PP, EP)
                         one = tuple((x,) for x in degrees)
                         t_opt = step_time(gpu, model, settings, optimistic, one, m, v, zb, N)
-                        if best is not None and t_opt.step > best.time.step:
+                        if best is not None and steps * t_opt.step > steps * best.time.step:
                             continue
                         for place in placements(levels, N, degrees):
                             t = step_time(gpu, model, settings, levels, place, m, v, zb, N)
-                            if best is None or tie_key(t) < tie_key(best.time):
+                            if best is None or tie_key(t, steps) < tie_key(best.time, steps):
                                 best = Plan(N, DP, TPm, TPf, PP, EP, m, v, zb,
                                             tuple(zip(*place)), t)
     return best

@@ -1,22 +1,28 @@
 """The search of spec §6, fast: same candidates, same arithmetic, far fewer evaluations.
 
-Four things make it fast while keeping every result bit-identical to `reference`:
+Every result is bit-identical to `reference.best_plan` (tests/test_simulator.py checks the
+whole default H100 curve and samples of the others). What makes it fast:
 
-* caching — matmul times, divisors, placements and each parallelism type's communication
-  are pure functions of small hashable arguments, so each is computed once;
-* best-first order — a candidate layout is queued under ever tighter lower bounds on its
-  step: its FLOP at the sustained rate; then that plus each part of the communication at
-  its own best split over the levels; then the same with the exact matmul time; only then
-  is it placed on the real levels. The search stops when the smallest bound left exceeds
-  the best real step, since nothing still queued can beat it;
-* vectors — all placements of one layout are timed at once with numpy, using the same
-  IEEE operations in the same order as the scalar `reference.step_seconds`;
-* a deadline — when sizing a cluster, a layout whose bound already misses the run's
-  duration cannot make the cluster feasible, so it is never placed.
+* vectors — all layouts of a cluster (TP, DP, PP, TP shape, schedule, m) are enumerated at
+  once with numpy in the spec's order and bounded from below in one pass; all placements
+  of one layout are timed at once, with the same IEEE operations in the same order as the
+  scalar `reference.step_seconds`;
+* bounds, each provably below the exact step: per (TP, DP, PP) triple against the run's
+  deadline; per row, the six matmuls at their FLOP or their least HBM traffic (shaved by
+  1e-9) with each communication part at its own best split over the levels; then the
+  exact matmul time. Rows are taken best first and the search stops when the smallest
+  bound left exceeds the best run time found;
+* N-free caches — each communication part is a cluster-wide factor (·/N) times a sum or
+  maximum of small integers over each level's bandwidth, so its best split is cached once
+  per curve (shaved by 1e-12: computed in another order than `comm`, it may differ from
+  the exact value by a few ulps) and only scaled per cluster size. Matmul times, divisors,
+  placement tables and the exact communication of each split are cached too.
 
-Ties are settled as in the reference: among equal (step, comm, exposed) keys the earliest
-candidate in the spec's enumeration order wins, and within it the earliest placement, so
-the order of evaluation does not change the answer.
+Ties are settled as in the reference (`reference.tie_key`, the public reference code's
+rule): among equal (run time, bandwidth time) keys the earliest row in the spec's
+enumeration order wins, and within it the earliest placement, so the order of evaluation
+does not change the answer. A row whose bandwidth floor already exceeds the best's cannot
+win a tie and is skipped.
 """
 from __future__ import annotations
 
@@ -28,9 +34,9 @@ import numpy as np
 
 from helpers.hardware import GPU
 
-from .comm import allreduce, dp_comm, outer, ppep_comm
-from .matmul import matmul_time, tile
-from .placement import factorization_table, placement_table
+from .comm import allreduce, dp_comm, ep_frequencies, outer, pp_frequencies, top_level
+from .matmul import matmul_constants, matmul_seconds, tile
+from .placement import _inner_table, _with_outer, factorization_table, placement_table
 from .plan import Plan
 from .reference import (bubble_fraction, combine, level_capacities, schedule_options,
                         step_seconds)
@@ -38,7 +44,7 @@ from .reference import divisors as _slow_divisors
 from .scaling import Model
 from .settings import Settings
 
-_GPUS: dict[int, GPU] = {}
+_GPUS: dict[int, tuple] = {}  # `matmul.matmul_constants` of each GPU
 _GPU_IDS: dict[tuple, int] = {}
 
 
@@ -49,13 +55,14 @@ def _gpu_key(gpu: GPU) -> int:
            gpu.hbm_Bps, gpu.hbm_bytes, gpu.max_clock_Hz, gpu.effective_utilization,
            gpu.distributed_shared_memory, gpu.latency_per_matmul_s, gpu.network_levels)
     gk = _GPU_IDS.setdefault(key, len(_GPU_IDS))
-    _GPUS[gk] = gpu
+    if gk not in _GPUS:
+        _GPUS[gk] = matmul_constants(gpu)
     return gk
 
 
 @lru_cache(maxsize=None)
 def _matmul(gk: int, d1: int, d2: int, b: int, weight_grad: bool) -> float:
-    return matmul_time(_GPUS[gk], d1, d2, b, weight_grad)
+    return matmul_seconds(_GPUS[gk], d1, d2, b, weight_grad)
 
 
 @lru_cache(maxsize=None)
@@ -81,7 +88,6 @@ def _plain_levels(levels) -> tuple[_Level, ...]:
 
 
 _dp = lru_cache(maxsize=None)(dp_comm)
-_ppep = lru_cache(maxsize=None)(ppep_comm)
 
 
 @lru_cache(maxsize=None)
@@ -107,15 +113,6 @@ def _pair_splits(caps, a: int, b: int):
                  if all(cap % (i * j) == 0 for cap, i, j in zip(caps, x, y)))
 
 
-def _floor(results) -> tuple[float, float]:
-    return min(r[0] for r in results), min(r[1] for r in results)
-
-
-@lru_cache(maxsize=None)
-def _dp_floor(P, DP, levels, caps, N, by):
-    return _floor([_dp(P, x, levels, N, by) for x in _splits(caps, DP)])
-
-
 @lru_cache(maxsize=None)
 def _allreduce_levels(words, split, rs, rp, levels, N, by) -> tuple[tuple[float, ...], ...]:
     """(bandwidth, latency) per level of one TP kind, as in `comm.tp_comm`'s loop."""
@@ -124,62 +121,249 @@ def _allreduce_levels(words, split, rs, rp, levels, N, by) -> tuple[tuple[float,
     return tuple(x[0] for x in per), tuple(x[1] for x in per)
 
 
-def _tp_pairs(d, f, L, B, pairs, levels, N, by) -> list[tuple[float, float]]:
-    """`comm.tp_comm` for many (TP_model, TP_ff) splits, operation for operation, reusing
-    each split's per-level all-reduce times."""
+# --- lower bounds on each communication part, free of N and mostly of the model ----------
+#
+# Each time in `comm` is a product of the cluster-wide factor (say 4·P·bytes/N for DP) and
+# a sum or maximum over levels of small integers divided by each level's bandwidth (or times
+# its latency). The integers depend only on the split, so the best split's value is cached
+# once per curve and scaled per call. Computed in another order than `comm`, the result may
+# differ from the exact best by a few ulps, so it is shaved by SHAVE: a bound, never above.
+SHAVE = 1 - 1e-12
+
+
+@lru_cache(maxsize=None)
+def _dp_unit(levels, caps, DP) -> tuple[float, float]:
+    """min over DP's splits of max_k (x_k − 1)·Π_{j>k} x_j / bw_k, and of Σ_k 2·lat_k·[x_k > 1]."""
+    bw = lat = math.inf
+    for x in _splits(caps, DP):
+        bw = min(bw, max((x[k] - 1) * outer(x, k) / lv[0] for k, lv in enumerate(levels)))
+        lat = min(lat, sum(2 * lv[1] for k, lv in enumerate(levels) if x[k] > 1))
+    return bw, lat
+
+
+@lru_cache(maxsize=None)
+def _tp_unit(levels, caps, TPm, TPf, f, d) -> tuple[float, float]:
+    """min over the pair's splits of max_k ((x_k−1)·Π x_{>k}·f + (y_k−1)·Π y_{>k}·d)/bw_k,
+    and of Σ_k lat_k·([x_k > 1] + [y_k > 1])."""
+    bw = lat = math.inf
+    for x, y in _pair_splits(caps, TPm, TPf):
+        bw = min(bw, max(((x[k] - 1) * outer(x, k) * f + (y[k] - 1) * outer(y, k) * d) / lv[0]
+                         for k, lv in enumerate(levels)))
+        lat = min(lat, sum(lv[1] * ((x[k] > 1) + (y[k] > 1)) for k, lv in enumerate(levels)))
+    return bw, lat
+
+
+@lru_cache(maxsize=None)
+def _ppep_weights(levels, caps, PP, EP):
+    """Per split of (PP, EP): the top PP level, the outer products of PP, and per PP level
+    pl ∈ {−1, …} the weights Σ_el ep_bw[el]/bw and Σ_el ep_lat[el]·lat over the levels
+    max(pl, el) ≥ 0 (`comm.ppep_comm`'s double loop with the PP frequency factored out)."""
     out = []
-    for x, y in pairs:
-        bw1, lat1 = _allreduce_levels(f, x, 2 * L, B, levels, N, by)
-        bw2, lat2 = _allreduce_levels(d, y, 2 * L, B, levels, N, by)
-        bw_max, lat_sum = 0.0, 0.0
-        for k in range(len(levels)):
-            bw_max = max(bw_max, bw1[k] + bw2[k])
-            lat_sum += lat1[k] + lat2[k]
-        out.append((bw_max, lat_sum))
-    return out
+    K = len(levels)
+    for x, y in _pair_splits(caps, PP, EP):
+        top = top_level(x)
+        ep_top = top_level(y)
+        ebw = [1 / EP] + [(math.prod(y[el:]) - outer(y, el)) / (outer(y, el) * math.prod(y[el:]))
+                          for el in range(K)]
+        elat = [1.0 if ep_top == -1 else 0.0] + [1.0 if el == ep_top else 0.0 for el in range(K)]
+        w_bw, w_lat = [], []
+        for pl in range(-1, top + 1):
+            wb = wl = 0.0
+            for el in range(-1, K):
+                lv = max(pl, el)
+                if lv >= 0:
+                    wb += ebw[el + 1] / levels[lv][0]
+                    wl += elat[el + 1] * levels[lv][1]
+            w_bw.append(wb)
+            w_lat.append(wl)
+        out.append((top, tuple(x), tuple(outer(x, k) for k in range(K)), tuple(w_bw),
+                    tuple(w_lat)))
+    return tuple(out)
 
 
 @lru_cache(maxsize=None)
-def _tp_floor(d, f, L, B, TPm, TPf, levels, caps, N, by):
-    return _floor(_tp_pairs(d, f, L, B, _pair_splits(caps, TPm, TPf), levels, N, by))
-
-
-@lru_cache(maxsize=None)
-def _ppep_floor(d, L, B, v, PP, EP, levels, caps, N, by):
-    return _floor([_ppep(d, L, B, v, x, y, levels, N, by) for x, y in _pair_splits(caps, PP, EP)])
+def _ppep_unit(levels, caps, PP, EP, v, L) -> tuple[float, float]:
+    """min over splits of Σ_pl (L−1)·pp_freq[pl]·w_bw[pl], and of Σ_pl 2·(L−1)·pp_freq[pl]·w_lat[pl].
+    (L−1)·pp_freq is an exact non-negative integer, so nothing cancels."""
+    bw = lat = math.inf
+    for top, x, out_x, w_bw, w_lat in _ppep_weights(levels, caps, PP, EP):
+        num = [L - v * PP]
+        for pl in range(top + 1):
+            num.append(v * x[pl] - 1 if pl == top else v * out_x[pl] * (x[pl] - 1))
+        bw = min(bw, sum(n * w for n, w in zip(num, w_bw)))
+        lat = min(lat, 2 * sum(n * w for n, w in zip(num, w_lat)))
+    return bw, lat
 
 
 def clear_caches() -> None:
     """Forget every cached result (for honest cold-start benchmarks)."""
     for fn in (tile, _matmul, _six_matmuls, divisors, _microbatches, _splits, _pair_splits,
-               _dp, _ppep, _allreduce_levels, _dp_floor, _tp_floor, _ppep_floor,
-               placement_table, factorization_table):
+               _dp, _allreduce_levels, _dp_unit, _tp_unit, _ppep_weights, _ppep_unit,
+               _tp_unit_any, _ppep_unit_any, _tp_shapes, _schedules, _pairs, _tp_pair,
+               _ppep_exact, placement_table, factorization_table, _inner_table, _with_outer):
         fn.cache_clear()
     _GPUS.clear()
     _GPU_IDS.clear()
 
 
-def _candidates(gpu: GPU, model: Model, settings: Settings, N: int):
-    """The spec's layouts for N GPUs in its enumeration order, grouped by (degrees, v):
-    yields (degrees, v, zb, microbatch counts). Memory-infeasible layouts are left out."""
-    d, f, L, s, B, P = model.d, model.f, model.L, model.s, model.B, model.P
-    by = gpu.bytes_per_word
-    EP = math.gcd(N, s)
-    R = N // EP
-    for TP in divisors(math.gcd(R, d * f)):
-        r = math.isqrt(TP)
-        tp_shapes = [(TP // x, x) for x in divisors(TP)
-                     if r <= x <= 4 * r and d % (TP // x) == 0 and f % x == 0]
-        if not tp_shapes:
-            continue
-        for DP in divisors(math.gcd(R // TP, B)):
-            PP = R // TP // DP
-            if L % PP or N * gpu.hbm_bytes < P * by * DP + 4 * P * by:
+@lru_cache(maxsize=None)
+def _tp_shapes(TP: int, d: int, f: int) -> tuple[tuple[int, int], ...]:
+    """(TP_model, TP_ff) splits of TP allowed by the spec, TP_ff ascending."""
+    r = math.isqrt(TP)
+    return tuple((TP // x, x) for x in divisors(TP)
+                 if r <= x <= 4 * r and d % (TP // x) == 0 and f % x == 0)
+
+
+@lru_cache(maxsize=None)
+def _schedules(schedules: tuple[str, ...], PP: int, L: int) -> tuple[tuple[bool, int], ...]:
+    return tuple(schedule_options(Settings(schedules=schedules), PP, L))
+
+
+def _segments(counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """For rows repeated `counts` times: (which row, position within its repeats)."""
+    row = np.repeat(np.arange(len(counts)), counts)
+    start = np.cumsum(counts) - counts
+    return row, np.arange(len(row)) - start[row]
+
+
+class _Pairs:
+    """The (TP, DP, PP) triples of N GPUs that fit in memory, in the spec's order (TP
+    ascending, then DP ascending), with what the pre-filter of `best_plan` needs."""
+
+    def __init__(self, N, d, f, L, s, B, P, hbm_bytes, by):
+        EP = math.gcd(N, s)
+        R = N // EP
+        self.EP = EP
+        self.tps = [x for x in divisors(math.gcd(R, d * f)) if _tp_shapes(x, d, f)]
+        self.pps = divisors(math.gcd(R, L))[::-1]  # PP descending = DP ascending for one TP
+        TPa = np.array(self.tps, dtype=np.int64)
+        self.PPa = PPa = np.array(self.pps, dtype=np.int64)
+        prod = TPa[:, None] * PPa[None, :]
+        ok = R % prod == 0
+        DPg = np.where(ok, R // np.where(ok, prod, 1), 1)
+        ok &= B % DPg == 0
+        ok &= N * hbm_bytes >= P * by * DPg + 4 * P * by  # `reference.memory_ok`
+        self.ti, self.pj = np.nonzero(ok)  # row-major: TP ascending, then DP ascending
+        self.DPp = DPg[self.ti, self.pj]
+        self.shapes = [_tp_shapes(x, d, f) for x in self.tps]
+        # The fewest padded 8×8×8 FLOP blocks of the six matmuls per token, over the shapes.
+        self.min_area = np.array([min(6 * 1024 * -(-(f // b) // 8) * -(-(d // a) // 8)
+                                      for a, b in x) for x in self.shapes], dtype=float)
+
+
+@lru_cache(maxsize=256)
+def _pairs(*key) -> _Pairs:
+    return _Pairs(*key)
+
+
+class _Layouts:
+    """The spec's layouts for N GPUs, one row per (degrees, v, zero-bubble, m), in the
+    spec's enumeration order: TP, then DP ascending; TP_ff ascending; schedule; m.
+
+    Only the triples of `pairs` selected by `keep` are expanded (the order is kept). Every
+    column is an array. A group is one (degrees, v, zero-bubble): the rows that share a
+    placement table. Keys index the distinct TP shapes, DP degrees and (PP, v) pairs.
+    """
+
+    def __init__(self, pairs: _Pairs, keep, d, f, L, s, B, schedules):
+        EP = self.EP = pairs.EP
+        tps, pps, PPa = pairs.tps, pairs.pps, pairs.PPa
+        ti, pj, DPp = pairs.ti[keep], pairs.pj[keep], pairs.DPp[keep]
+        # Expand each (TP, DP) by its TP shapes.
+        shapes = pairs.shapes
+        n_sh = np.array([len(x) for x in shapes], dtype=np.int64)
+        sh_start = np.cumsum(n_sh) - n_sh
+        self.tp_keys = [sh for x in shapes for sh in x]
+        pair, k = _segments(n_sh[ti])
+        tp_key = sh_start[ti[pair]] + k
+        pj2, DP2 = pj[pair], DPp[pair]
+        # Expand by the schedules of each PP.
+        opts = [_schedules(schedules, int(x), L) for x in pps]
+        n_op = np.array([len(x) for x in opts], dtype=np.int64)
+        op_start = np.cumsum(n_op) - n_op
+        self.pe_keys = [(int(pps[j]), v) for j, x in enumerate(opts) for _, v in x]
+        op_zb = np.array([zb for x in opts for zb, _ in x], dtype=bool)
+        op_v = np.array([v for x in opts for _, v in x], dtype=np.int64)
+        row, k = _segments(n_op[pj2])
+        pe_key = op_start[pj2[row]] + k
+        g_tp, g_dp, g_pp = tp_key[row], DP2[row], PPa[pj2[row]]
+        g_zb, g_v = op_zb[pe_key], op_v[pe_key]
+        # Expand by the microbatch counts: the first 4 (1 under ZB) divisors of B/(s·DP)
+        # that are ≥ PP (≥ 2·PP under ZB).
+        self.dp_keys = sorted(set(g_dp.tolist()))  # (np.unique would import numpy.ma)
+        dps = np.array(self.dp_keys, dtype=np.int64)
+        g_dpk = np.searchsorted(dps, g_dp)
+        per_gpu = [B // (s * int(x)) for x in dps]
+        divs = [np.array(divisors(x) if x else (), dtype=np.int64) for x in per_gpu]
+        n_div = np.array([len(x) for x in divs], dtype=np.int64)
+        div_start = np.cumsum(n_div) - n_div
+        flat = np.concatenate(divs) if divs else np.zeros(0, np.int64)
+        big = int(flat.max()) + 1 if len(flat) else 1
+        code = np.repeat(np.arange(len(divs), dtype=np.int64), n_div) * big + flat
+        lo = np.where(g_zb, 2 * g_pp, g_pp)
+        first = np.searchsorted(code, g_dpk * big + np.minimum(lo, big - 1))
+        first = np.where(lo < big, first, div_start[g_dpk] + n_div[g_dpk])
+        n_m = np.clip(div_start[g_dpk] + n_div[g_dpk] - first, 0, np.where(g_zb, 1, 4))
+        self.n_groups = len(g_tp)
+        grp, k = _segments(n_m)
+        self.group = grp
+        self.m = flat[first[grp] + k]
+        self.g_tp, self.g_dp, self.g_dpk, self.g_pp = g_tp, g_dp, g_dpk, g_pp
+        self.g_pe, self.g_zb, self.g_v = pe_key, g_zb, g_v
+        tp_arr = np.array(self.tp_keys, dtype=np.int64).reshape(-1, 2)
+        self.g_tpm, self.g_tpf = tp_arr[g_tp, 0], tp_arr[g_tp, 1]
+        self.pp, self.v, self.zb = g_pp[grp], g_v[grp], g_zb[grp]
+        dp_r, tpm_r, tpf_r = g_dp[grp], self.g_tpm[grp], self.g_tpf[grp]
+        # The FLOP of the six matmuls, in padded 8×8×8 blocks of 2·8³, is
+        # 6·1024·⌈f'/8⌉·⌈d'/8⌉·⌈b/8⌉ (`matmul.matmul_flop`); in floats (a bound only).
+        b = B // (dp_r * self.m * s)
+        fp, dp_ = f // tpf_r, d // tpm_r
+        self.flop_blocks = (6.0 * 1024 * -(-fp // 8) * -(-dp_ // 8) * -(-b // 8))
+        # Words the six matmuls move between HBM and L2 at least (`matmul.boundary_io` with
+        # one tile row and column): each reads its two activations once, Σ = 6·(f'+d')·b;
+        # weights that do not stay in L2 are read (W) or read and written (2W, weight
+        # gradients): 8·f'·d' over the six.
+        self.act_words = 6.0 * (fp + dp_) * b
+        self.weight_words = 8.0 * fp * dp_
+        self.per_stage_m = ((L // self.pp) * (s // EP) * self.m).astype(float)
+
+    def degrees(self, g: int) -> tuple[int, int, int, int, int]:
+        return (int(self.g_dp[g]), int(self.g_tpm[g]), int(self.g_tpf[g]), int(self.g_pp[g]),
+                self.EP)
+
+
+@lru_cache(maxsize=None)
+def _tp_pair(d, f, L, B, x, y, levels, N, by) -> tuple[float, float]:
+    """`comm.tp_comm` for one (TP_model, TP_ff) split, reusing each kind's per-level times."""
+    bw1, lat1 = _allreduce_levels(f, x, 2 * L, B, levels, N, by)
+    bw2, lat2 = _allreduce_levels(d, y, 2 * L, B, levels, N, by)
+    bw_max, lat_sum = 0.0, 0.0
+    for k in range(len(levels)):
+        bw_max = max(bw_max, bw1[k] + bw2[k])
+        lat_sum += lat1[k] + lat2[k]
+    return bw_max, lat_sum
+
+
+@lru_cache(maxsize=None)
+def _ppep_exact(d, L, B, v, PP, EP, levels, N, by) -> tuple[float, float]:
+    """`comm.ppep_comm`, operation for operation, leaving out the terms whose repeat count
+    is exactly 0 (each would add +0.0, which changes no sum)."""
+    pp_freq = pp_frequencies(L, v, PP)
+    ep_bw, ep_lat = ep_frequencies(EP)
+    bw_sum, lat_sum = 0.0, 0.0
+    for pl, pf in pp_freq.items():
+        for el, eb in ep_bw.items():
+            level = max(pl, el)
+            if level < 0:
                 continue
-            per_gpu = B // (s * DP)
-            for TPm, TPf in tp_shapes:
-                for zb, v in schedule_options(settings, PP, L):
-                    yield (DP, TPm, TPf, PP, EP), v, zb, _microbatches(per_gpu, PP, zb)
+            lv = levels[level]
+            rs = 2 * (L - 1) * pf * eb
+            if rs != 0.0:
+                bw_sum += d * rs * B * by / (N * lv[0] / 2)
+            rs = 2 * (L - 1) * pf * ep_lat[el]
+            if rs != 0.0:
+                lat_sum += rs * lv[1]
+    return bw_sum, lat_sum
 
 
 def _placed_comm(model: Model, levels, caps, deg, v, N, by):
@@ -187,12 +371,13 @@ def _placed_comm(model: Model, levels, caps, deg, v, N, by):
     table = placement_table(caps, deg)
     if table is None:
         return None
-    dp = np.array([_dp(model.P, x, levels, N, by) for x in table.dp])
-    tp = np.array(_tp_pairs(model.d, model.f, model.L, model.B, table.tp, levels, N, by))
-    pe = np.array([_ppep(model.d, model.L, model.B, v, x, y, levels, N, by)
-                   for x, y in table.ppep])
-    tp, pe, dp = tp[table.tp_index], pe[table.ppep_index], dp[table.dp_index]
-    return table, (tp[:, 0], tp[:, 1], pe[:, 0], pe[:, 1], dp[:, 0], dp[:, 1])
+    d, f, L, B, P = model.d, model.f, model.L, model.B, model.P
+    parts = ([_tp_pair(d, f, L, B, x, y, levels, N, by) for x, y in table.tp]
+             + [_ppep_exact(d, L, B, v, x, y, levels, N, by) for x, y in table.ppep]
+             + [_dp(P, x, levels, N, by) for x in table.dp])
+    # (n, 6): tp_bw, tp_lat, ppep_bw, ppep_lat, dp_bw, dp_lat of every placement.
+    per = np.array(parts)[table.stacked_index].reshape(-1, 6)
+    return table, tuple(per.T)
 
 
 def _steps(matmul, tp_bw, tp_lat, ppep_bw, ppep_lat, dp_bw, dp_lat, PP, m, v, zb,
@@ -204,6 +389,83 @@ def _steps(matmul, tp_bw, tp_lat, ppep_bw, ppep_lat, dp_bw, dp_lat, PP, m, v, zb
     pipe = (np.maximum(matmul, hidden) + exposed) / (1 - bubble)
     if not zb:
         pipe = pipe + (tp_lat + ppep_lat)
+    if overlap_dp:
+        return np.maximum(pipe, dp_bw) + dp_lat
+    return pipe + dp_bw + dp_lat
+
+
+def _floors(model: Model, lay: _Layouts, levels, caps, N, by) -> tuple[np.ndarray, ...]:
+    """Per group: each communication part at its own best split over the levels (six
+    arrays, shaved). No placement does better on any part, so they bound every placement."""
+    d, f, L, B, P = model.d, model.f, model.L, model.B, model.P
+    g = math.gcd(f, d)
+    tp = np.array([_tp_unit(levels, caps, a, b, f // g, d // g) for a, b in lay.tp_keys],
+                  dtype=float).reshape(-1, 2)
+    pe = np.array([_ppep_unit(levels, caps, pp, lay.EP, v, L) for pp, v in lay.pe_keys],
+                  dtype=float).reshape(-1, 2)
+    dp = np.array([_dp_unit(levels, caps, x) for x in lay.dp_keys], dtype=float).reshape(-1, 2)
+    return (SHAVE * (8 * L * B * by / N * g) * tp[lay.g_tp, 0], SHAVE * (4 * L) * tp[lay.g_tp, 1],
+            SHAVE * (4 * d * B * by / N) * pe[lay.g_pe, 0], SHAVE * pe[lay.g_pe, 1],
+            SHAVE * (4 * P * by / N) * dp[lay.g_dpk, 0], SHAVE * dp[lay.g_dpk, 1])
+
+
+def _bounds(matmul, floors, lay: _Layouts, flags, rows=slice(None)) -> np.ndarray:
+    """`reference.step_seconds` for the rows at once, from lower bounds of its parts:
+    every operation is monotone, so the result bounds each row's step from below."""
+    group = lay.group[rows]
+    tp_bw, tp_lat, pe_bw, pe_lat, dp_bw, dp_lat = (x[group] for x in floors)
+    overlap_tp, overlap_pp, overlap_dp = flags
+    PP, v, m, zb = lay.pp[rows], lay.v[rows], lay.m[rows], lay.zb[rows]
+    z = (v - 1) * np.maximum(0, PP - m)
+    bubble = np.where(zb, 0.0, (z + PP - 1) / (z + PP - 1 + v * m))
+    hidden = (tp_bw if overlap_tp else 0.0) + (pe_bw if overlap_pp else 0.0)
+    exposed = (0.0 if overlap_tp else tp_bw) + (0.0 if overlap_pp else pe_bw)
+    pipe = (np.maximum(matmul, hidden) + exposed) / (1 - bubble)
+    pipe = np.where(zb, pipe, pipe + (tp_lat + pe_lat))
+    if overlap_dp:
+        return np.maximum(pipe, dp_bw) + dp_lat
+    return pipe + dp_bw + dp_lat
+
+
+@lru_cache(maxsize=None)
+def _tp_unit_any(levels, caps, shapes, f, d) -> tuple[float, float]:
+    """`_tp_unit` at the best of the TP shapes (each part on its own)."""
+    units = [_tp_unit(levels, caps, a, b, f, d) for a, b in shapes]
+    return min(u[0] for u in units), min(u[1] for u in units)
+
+
+@lru_cache(maxsize=None)
+def _ppep_unit_any(levels, caps, PP, EP, L, schedules) -> tuple[float, float]:
+    """`_ppep_unit` at the best of PP's schedules (each part on its own)."""
+    units = [_ppep_unit(levels, caps, PP, EP, v, L) for _, v in _schedules(schedules, PP, L)]
+    return min(u[0] for u in units), min(u[1] for u in units)
+
+
+def _pair_bounds(model: Model, pairs: _Pairs, levels, caps, N, by, schedules, flags,
+                 flop_s, lat6) -> np.ndarray:
+    """A lower bound on the step of every row of each (TP, DP, PP) triple."""
+    d, f, L, s, B, P = model.d, model.f, model.L, model.s, model.B, model.P
+    g = math.gcd(f, d)
+    tp = np.array([_tp_unit_any(levels, caps, x, f // g, d // g) for x in pairs.shapes])
+    pe = np.array([_ppep_unit_any(levels, caps, pp, pairs.EP, L, schedules) for pp in pairs.pps])
+    dp = np.array([_dp_unit(levels, caps, x) for x in pairs.DPp.tolist()]).reshape(-1, 2)
+    ti, pj = pairs.ti, pairs.pj
+    tp_bw = SHAVE * (8 * L * B * by / N * g) * tp[ti, 0]
+    tp_lat = SHAVE * (4 * L) * tp[ti, 1]
+    pe_bw = SHAVE * (4 * d * B * by / N) * pe[pj, 0]
+    pe_lat = SHAVE * pe[pj, 1]
+    dp_bw = SHAVE * (4 * P * by / N) * dp[:, 0]
+    dp_lat = SHAVE * dp[:, 1]
+    PP = pairs.PPa[pj]
+    per_stage = (L // PP) * (s // pairs.EP)
+    per_gpu = B // (s * pairs.DPp)
+    matmul = per_stage * (pairs.min_area[ti] * (per_gpu / 8) * flop_s + PP * lat6)
+    overlap_tp, overlap_pp, overlap_dp = flags
+    hidden = (tp_bw if overlap_tp else 0.0) + (pe_bw if overlap_pp else 0.0)
+    exposed = (0.0 if overlap_tp else tp_bw) + (0.0 if overlap_pp else pe_bw)
+    pipe = np.maximum(matmul, hidden) + exposed
+    if "zero_bubble" not in schedules:
+        pipe = pipe + (tp_lat + pe_lat)
     if overlap_dp:
         return np.maximum(pipe, dp_bw) + dp_lat
     return pipe + dp_bw + dp_lat
@@ -221,78 +483,122 @@ def best_plan(gpu: GPU, model: Model, settings: Settings, N: int,
     caps = tuple(level_capacities(gpu.network_levels, N))
     flags = (settings.overlap_tp, settings.overlap_pp, settings.overlap_dp)
     L, s, B, d, f = model.L, model.s, model.B, model.d, model.f
-
-    # Stage 0 bound: the six matmuls can go no faster than their FLOP at the sustained rate
-    # plus their fixed latency (shaved by 1e-9 so float rounding can never lift it above
-    # the exact time).
+    n_steps = model.D / model.B
+    pairs = _pairs(N, d, f, L, s, B, model.P, gpu.hbm_bytes, by)
+    if not len(pairs.ti):
+        return None
+    schedules = tuple(settings.schedules)
     flop_s = (1 - 1e-9) / gpu.sustained_flops
     lat6 = (1 - 1e-9) * 6 * gpu.latency_per_matmul_s
-    queue = []
-    idx = 0
-    for deg, v, zb, ms in _candidates(gpu, model, settings, N):
-        DP, TPm, TPf, PP, EP = deg
-        per_stage = (L // PP) * (s // EP)
-        # `matmul_flop` inlined (this loop sees every candidate): 2·8³ per padded 8³ block.
-        area = 6 * 1024 * (-(-(f // TPf) // 8)) * (-(-(d // TPm) // 8))
-        for m in ms:
-            low = per_stage * m * (area * (-(-(B // (DP * m * s)) // 8)) * flop_s + lat6)
-            if low <= max_step:
-                queue.append((low, 0, idx, deg, v, zb, m, None))
-            idx += 1
-    heapq.heapify(queue)
+    keep = slice(None)
+    if max_step < math.inf:
+        # Bound 0, per (TP, DP, PP): FLOP at the sustained rate (m·⌈b/8⌉ ≥ B/(s·DP)/8, m ≥
+        # PP) and each communication part at its best split, TP shape and schedule; no
+        # bubble, and no TP/PP latency if a zero-bubble schedule may hide it. It bounds
+        # every row of the triple, so triples above the deadline are never expanded.
+        keep = np.flatnonzero(_pair_bounds(model, pairs, levels, caps, N, by, schedules,
+                                           flags, flop_s, lat6) <= max_step)
+        if not len(keep):
+            return None
+    lay = _Layouts(pairs, keep, d, f, L, s, B, schedules)
+    if not len(lay.m):
+        return None
 
-    floors: dict = {}
+    # Bound 1, for every row at once: the six matmuls at their FLOP at the sustained rate
+    # plus their fixed latency (shaved by 1e-9 so float rounding can never lift it above
+    # the exact time), with each communication part at its own best split.
+    floors = _floors(model, lay, levels, caps, N, by)
+    # A matmul takes at least its FLOP time and at least its HBM traffic time, so the six
+    # take at least the larger of the two sums.
+    l2_cap = _GPUS[gk][2]
+    io_words = lay.act_words + np.where(lay.weight_words / 4 * by > l2_cap,
+                                        lay.weight_words, 0.0)
+    io_s = (1 - 1e-9) * by / gpu.hbm_Bps
+    low = _bounds(lay.per_stage_m * (np.maximum(lay.flop_blocks * flop_s, io_words * io_s)
+                                     + lat6), floors, lay, flags)
+    alive = np.flatnonzero(low <= max_step)
+    if not len(alive):
+        return None
+    # The bandwidth time over the run that any placement of a group needs at least: on an
+    # exact tie in run time, a row whose floor exceeds the best's cannot win.
+    traffic = n_steps * floors[0] + n_steps * floors[4] + n_steps * floors[2]
+    # Best first: bound 2 puts the exact matmul time in place of its FLOP bound; only then
+    # is the row placed on the real levels. Nothing still queued can beat the best once
+    # the smallest bound left exceeds it (in run time, as `reference.tie_key` compares).
+    # Two sources are merged: the rows at bound 1 in ascending order, and a heap of rows
+    # at bound 2.
+    order = alive[np.argsort(low[alive], kind="stable")]
+    floors2d = np.stack(floors, axis=1)
+    n1, p1, CHUNK = len(order), 0, 64
+    base = -CHUNK  # the sorted rows as Python values, a chunk at a time from `base`
+    floor_rows: dict = {}
+    queue: list = []
+    info: dict = {}
     groups: dict = {}
     best_key = None
     best = None
-    while queue:
-        bound, stage, idx, deg, v, zb, m, matmul = heapq.heappop(queue)
-        if bound > (max_step if best_key is None else best_key[0]):
+    while True:
+        if p1 < n1 and p1 >= base + CHUNK:
+            base = p1
+            sl = order[p1:p1 + CHUNK]
+            low1, rows1 = low[sl].tolist(), sl.tolist()
+            group1, m1 = lay.group[sl].tolist(), lay.m[sl].tolist()
+        if p1 < n1 and (not queue or low1[p1 - base] <= queue[0][0]):
+            k = p1 - base
+            bound, idx, gi, m, matmul = low1[k], rows1[k], group1[k], m1[k], None
+            p1 += 1
+        elif queue:
+            bound, idx, gi, m, matmul = heapq.heappop(queue)
+        else:
             break
+        if best_key is None:
+            if bound > max_step:
+                break
+        else:
+            run = n_steps * bound
+            if run > best_key[0]:
+                break
+            if run == best_key[0] and (float(traffic[gi]), idx) > best_key[1:3]:
+                continue
+        if gi not in info:
+            info[gi] = (lay.degrees(gi), int(lay.g_v[gi]), bool(lay.g_zb[gi]))
+        deg, v, zb = info[gi]
         DP, TPm, TPf, PP, EP = deg
-        if stage == 0:
-            # Add each part of the communication at its own best split over the levels.
-            floor = floors.get((deg, v))
-            if floor is None:
-                floor = floors[deg, v] = (
-                    _tp_floor(d, f, L, B, TPm, TPf, levels, caps, N, by)
-                    + _ppep_floor(d, L, B, v, PP, EP, levels, caps, N, by)
-                    + _dp_floor(model.P, DP, levels, caps, N, by))
-            low, _ = step_seconds(bound, *floor, PP, m, v, zb, *flags)
-            heapq.heappush(queue, (low, 1, idx, deg, v, zb, m, None))
-            continue
-        if stage == 1:
-            # The exact matmul time in place of its FLOP bound.
+        if matmul is None:
             matmul = (L // PP) * (s // EP) * m * _six_matmuls(gk, f // TPf, d // TPm,
                                                               B // (DP * m * s))
-            low, _ = step_seconds(matmul, *floors[deg, v], PP, m, v, zb, *flags)
-            heapq.heappush(queue, (low, 2, idx, deg, v, zb, m, matmul))
+            fl = floor_rows.get(gi)
+            if fl is None:
+                fl = floor_rows[gi] = floors2d[gi].tolist()
+            low2, _ = step_seconds(matmul, *fl, PP, m, v, zb, *flags)
+            heapq.heappush(queue, (low2, idx, gi, m, matmul))
             continue
-        if (deg, v) not in groups:
-            groups[deg, v] = _placed_comm(model, levels, caps, deg, v, N, by)
-        group = groups[deg, v]
+        if gi not in groups:
+            groups[gi] = _placed_comm(model, levels, caps, deg, v, N, by)
+        group = groups[gi]
         if group is None:
             continue
         table, comm = group
         steps = _steps(matmul, *comm, PP, m, v, zb, *flags)
-        # Lexicographic (step, comm, exposed), first placement on a full tie: `tie_key`.
-        step = float(steps.min())
-        ties = np.flatnonzero(steps == step)
-        tp_bw, tp_lat, ppep_bw, ppep_lat, dp_bw, dp_lat = (c[ties] for c in comm)
-        total = tp_bw + tp_lat + ppep_bw + ppep_lat + dp_bw + dp_lat
-        least = float(total.min())
-        ties = ties[total == least]
-        exposed = steps[ties] - matmul
-        low = float(exposed.min())
-        p_idx = int(ties[np.flatnonzero(exposed == low)[0]])
-        key = (step, least, low, idx, p_idx)
+        # `reference.tie_key`: run time, then bandwidth time over the run, then the
+        # earliest row and placement.
+        runs = n_steps * steps
+        run = float(runs.min())
+        if best_key is not None and run > best_key[0]:
+            continue
+        ties = np.flatnonzero(runs == run)
+        tp_bw, _, ppep_bw, _, dp_bw, _ = (c[ties] for c in comm)
+        moved = n_steps * tp_bw + n_steps * dp_bw + n_steps * ppep_bw
+        least = float(moved.min())
+        p_idx = int(ties[np.flatnonzero(moved == least)[0]])
+        key = (run, least, idx, p_idx)
         if best_key is None or key < best_key:
             best_key = key
             best = (deg, m, v, zb, table.place(p_idx), matmul,
-                    tuple(float(c[p_idx]) for c in comm))
-    if best is None or best_key[0] > max_step:
+                    tuple(float(c[p_idx]) for c in comm), float(steps[p_idx]))
+    if best is None or best[-1] > max_step:
         return None
-    (DP, TPm, TPf, PP, EP), m, v, zb, place, matmul, comm = best
+    (DP, TPm, TPf, PP, EP), m, v, zb, place, matmul, comm, _ = best
     t = combine(matmul, *comm, PP, m, v, zb, settings)
     return Plan(N, DP, TPm, TPf, PP, EP, m, v, zb, tuple(zip(*place)), t)
 
