@@ -139,7 +139,7 @@ def test_form_round_trips_a_preset():
 def test_describe_names_the_layout():
     curve = run_curve(H100_SXM, Settings())
     text = describe(curve.linear_scaling_ends(), price=1.0)
-    assert "TP (8, 64)" in text and "PP 64" in text and "DP 256" in text and "$" in text
+    assert "TP (16, 32)" in text and "PP 64" in text and "DP 256" in text and "$" in text
     assert "infeasible" in describe(curve.points[-1])
     # The course's notation: d is the data degree and s the sequence, so the text spells out
     # the model's width, experts and tokens per batch.
