@@ -427,11 +427,15 @@ class _Rank:
             self.process.kill()
             return self.process.wait()
 
-    def drain(self) -> None:
-        """Throw away replies nobody waits for any more (from a request that was given up)."""
-        with contextlib.suppress(EOFError, OSError):
+    def drain(self) -> bool:
+        """Throw away replies nobody waits for any more (from a request that was given up);
+        False if the rank is gone (exited, or its pipe is closed as it exits)."""
+        try:
             while self.conn.poll():
                 self.conn.recv()
+        except (EOFError, OSError):
+            return False
+        return self.alive()
 
     def release(self) -> None:
         with contextlib.suppress(subprocess.TimeoutExpired):
@@ -685,7 +689,7 @@ class LiveRanks:
     def _replace_dead(self) -> None:
         """A rank that died while idle (killed, OOM, its creating thread's PDEATHSIG) broke
         the process group: say which, then start every rank afresh."""
-        dead = [r for r in self._ranks if not r.alive()]
+        dead = [r for r in self._ranks if not r.drain()]
         if dead:
             which = ", ".join(f"rank {r.index} ({_describe_exit(r.exit_code())})" for r in dead)
             _notice(f"{which} had exited while idle; starting fresh ranks")
