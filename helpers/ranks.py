@@ -522,6 +522,7 @@ def _private_folder() -> str:
 
 # Every LiveRanks of this process, for the cap on live ranks and for the exit handlers.
 _POOL: "weakref.WeakSet[LiveRanks]" = weakref.WeakSet()
+_POOL_LOCK = threading.Lock()  # a WeakSet may not change while another thread copies it
 _CLOCK = itertools.count(1)
 _exit_handlers_installed = False
 
@@ -551,7 +552,8 @@ def _install_exit_handlers() -> None:
 def _make_room(owner: "LiveRanks", needed: int) -> None:
     """Stop the least recently used other LiveRanks until `needed` more ranks fit the cap."""
     limit = max(live_rank_limit(), owner.world_size)
-    groups = [g for g in list(_POOL) if g._ranks]
+    with _POOL_LOCK:
+        groups = [g for g in list(_POOL) if g._ranks]
     total = needed + sum(len(g._ranks) for g in groups)
     for other in sorted((g for g in groups if g is not owner), key=lambda g: g._last_used):
         if total <= limit:
@@ -605,7 +607,8 @@ class LiveRanks:
         # Close on garbage collection and at interpreter exit, whichever comes first. (The
         # finalizer holds the lists themselves, so they are only ever changed in place.)
         self._finalizer = weakref.finalize(self, _kill_all, self._ranks, self._folders)
-        _POOL.add(self)
+        with _POOL_LOCK:
+            _POOL.add(self)
 
     @property
     def world_size(self) -> int:
