@@ -130,7 +130,7 @@ def flags(draw):
     return argv
 
 
-FAST = settings(max_examples=40, deadline=None, derandomize=True,
+FAST = settings(max_examples=40, deadline=None, derandomize=True, database=None,
                 suppress_health_check=[HealthCheck.too_slow])
 
 
