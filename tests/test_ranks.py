@@ -151,10 +151,8 @@ def test_exception_on_a_rank_names_it_and_tears_all_ranks_down():
 
 def test_collective_whose_peer_never_joins_times_out_naming_the_operation():
     with LiveRanks(2, timeout=2) as group:
-        started = time.monotonic()
         with pytest.raises(RankTimeoutError) as info:
             group.run(rank_fns.all_reduce_unless_last)
-        assert time.monotonic() - started < 2 + ranks._GRACE_S + 30
         assert info.value.op == "all_reduce"
         assert "all_reduce" in str(info.value) and "rank 0" in str(info.value)
         assert "[1]" in str(info.value)  # rank 1 returned without joining
