@@ -32,7 +32,8 @@ def rank_children():
 
 def start_kernel():
     km = KernelManager(kernel_name="python3")
-    km.shutdown_wait_time = 60  # generous: a kernel that needs the kill fails the test, not a slow one
+    # Generous: a kernel that needs SIGTERM or the kill fails the test, not a slow machine.
+    km.shutdown_wait_time = 240
     km.start_kernel(cwd=ROOT, env=dict(os.environ, PYTHONPATH=ROOT))
     kc = km.client()
     kc.start_channels()
@@ -57,6 +58,11 @@ def collect(kc, msg_id, timeout=300) -> dict:
         elif kind == "error":
             got["ename"] = content["ename"]
         elif kind == "status" and content["execution_state"] == "idle":
+            break
+    while True:  # the shell reply says how the cell ended
+        reply = kc.get_shell_msg(timeout=max(1, deadline - time.monotonic()))
+        if reply["parent_header"].get("msg_id") == msg_id:
+            got["status"] = reply["content"]["status"]
             return got
 
 
@@ -98,7 +104,10 @@ def test_two_interrupts_in_a_row_leave_the_next_call_correct(kernel, tmp_path):
     km.interrupt_kernel()
     time.sleep(0.3)  # the scenario: a reader pressing stop twice, 0.3 s apart
     km.interrupt_kernel()
-    assert collect(kc, msg_id)["ename"] == "KeyboardInterrupt"
+    got = collect(kc, msg_id)
+    # The cell was interrupted. (On a loaded machine the second press can land while IPython
+    # is still printing the first traceback, which then never arrives: not ours to test.)
+    assert got["status"] != "ok" and got["ename"] in ("KeyboardInterrupt", None), got
     assert wait_dead(first) == []
     assert value(kc, "[r['value'] for r in live.run(rank_fns.identity, value='after')]") \
         == ["after", "after"]
