@@ -7,10 +7,19 @@ so a slider can re-run a collective in milliseconds instead of seconds.
 
 Why it is built this way:
 * Rendezvous goes through a `FileStore` in a private temporary folder, so no TCP store listens
-  at all; gloo and NCCL bind their transports to the loopback interface. Nothing is reachable
-  from outside the machine.
-* Every rank is a child that dies with its parent (PR_SET_PDEATHSIG on Linux, and a watchdog
-  thread elsewhere), so an interrupted or crashed kernel leaves no orphans behind.
+  at all; gloo and NCCL bind their transports to the loopback interface, whatever the
+  environment says, unless the reader asks for `multi_node=True`.
+* Ranks are plain child processes (`python -c ...`), not `multiprocessing` ones: that way no
+  resource-tracker helper is started, which ignores SIGTERM and so held up every kernel
+  shutdown and restart.
+* Every rank dies with the process that owns it: PR_SET_PDEATHSIG when it was started from the
+  main thread (the signal follows the creating *thread*), and always a watchdog thread.
+* Every request carries an id and every reply is matched to it; a call that was cut short
+  (an error, a timeout, an interrupt) marks the ranks dirty and they are killed, then reaped,
+  with interrupts held back, so the next call always starts from a known state.
+* One lock per `LiveRanks` serialises calls from several threads; a per-process cap on live
+  rank processes (the least recently used `LiveRanks` is stopped and restarts lazily) keeps
+  re-run cells from piling up processes.
 * Each rank publishes the collective it is inside, so a hang or crash names the operation.
 * Ranks print into a buffer; the notebook prints every rank's output once, in rank order.
 """
@@ -21,6 +30,10 @@ import ctypes
 import functools
 import inspect
 import io
+import itertools
+import json
+import math
+import mmap
 import multiprocessing as mp
 import multiprocessing.connection as mpc
 import os
@@ -28,6 +41,7 @@ import pickle
 import shutil
 import signal
 import socket
+import subprocess
 import sys
 import tempfile
 import threading
@@ -46,7 +60,21 @@ _RANKS_PER_CORE = 8
 # The parent waits this much longer than the collective timeout before it stops waiting for
 # a rank on its own, so that the rank's own (more precise) timeout error arrives first.
 _GRACE_S = 5.0
+# A starting rank imports torch before it answers: allow for that on a busy machine.
+_START_S = 120.0
+# How often a waiting parent also checks that its ranks are still alive.
+_POLL_S = 0.5
 _OP_SLOT_BYTES = 64
+# Longest collective timeout accepted: a week. (Far longer would overflow the millisecond
+# timeouts of poll() and of the backends; None means "no timeout" instead.)
+MAX_TIMEOUT_S = 7 * 24 * 3600
+# The process-group timeout used for timeout=None: long enough never to matter in a course.
+_NO_TIMEOUT = timedelta(days=365)
+# Variables that choose the network interface of gloo, NCCL and TensorPipe.
+TRANSPORT_VARIABLES = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "TP_SOCKET_IFNAME")
+_FOLDER_PREFIX = "plab-ranks-"
+# Most rank processes one kernel keeps alive at once (None: `max_cpu_world_size()`).
+LIVE_RANK_LIMIT: int | None = None
 
 
 class RankError(RuntimeError):
@@ -61,11 +89,13 @@ class RankError(RuntimeError):
 class RankTimeoutError(RankError, TimeoutError):
     """A rank did not finish in time (typically: stuck in a collective its peers never joined)."""
 
-    def __init__(self, rank: int, op: str | None, tb: str, timeout: float, returned: list[int]):
+    def __init__(self, rank: int, op: str | None, tb: str, timeout: float | None,
+                 returned: list[int]):
         self.rank, self.op, self.remote_traceback = rank, op, tb
         hint = (f"; rank(s) {returned} had already returned without joining it" if returned
                 else "; a peer never joined it")
-        TimeoutError.__init__(self, f"rank {rank} timed out after {timeout:g} s in "
+        after = "" if timeout is None else f" after {timeout:g} s"
+        TimeoutError.__init__(self, f"rank {rank} timed out{after} in "
                               f"{op or 'a collective'}{hint}.\n{tb}")
 
 
@@ -97,6 +127,11 @@ def max_cpu_world_size() -> int:
     by_memory = _MAX_CPU_WORLD_SIZE if memory is None else memory // _BYTES_PER_CPU_RANK
     by_cores = max(8, _RANKS_PER_CORE * cpu_cores())
     return max(1, min(_MAX_CPU_WORLD_SIZE, by_memory, by_cores))
+
+
+def live_rank_limit() -> int:
+    """Most rank processes this process keeps alive over all its `LiveRanks` together."""
+    return LIVE_RANK_LIMIT if LIVE_RANK_LIMIT is not None else max_cpu_world_size()
 
 
 def threads_per_rank(world_size: int) -> int:
@@ -150,10 +185,14 @@ def check_rank_function(fn: Any) -> Callable:
     return fn
 
 
-def check_timeout(timeout: Any) -> float:
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
-        raise ValueError(f"timeout must be a number of seconds > 0, got {timeout!r}")
-    return float(timeout)
+def check_timeout(timeout: Any) -> float | None:
+    """Seconds a collective may wait for its peers: a number in (0, MAX_TIMEOUT_S], or None."""
+    ok = (timeout is None or (isinstance(timeout, (int, float)) and not isinstance(timeout, bool)
+                              and 0 < timeout <= MAX_TIMEOUT_S))
+    if not ok:
+        raise ValueError(f"timeout must be a number of seconds in (0, {MAX_TIMEOUT_S}] (one week), "
+                         f"or None for no timeout; got {timeout!r}")
+    return None if timeout is None else float(timeout)
 
 
 def loopback_interface() -> str:
@@ -165,8 +204,38 @@ def loopback_interface() -> str:
     return "lo"
 
 
+def pin_transports(env: dict, multi_node: bool = False) -> dict:
+    """Bind gloo's, NCCL's and TensorPipe's sockets to loopback in `env`.
+
+    An inherited GLOO_SOCKET_IFNAME=eth0 (a cluster's login profile sets such things) must
+    not put a notebook's ranks on the network, so the pin overrides it. `multi_node=True`
+    is the reader asking for the opposite: what the environment says wins, loopback is
+    only the default.
+    """
+    loopback = loopback_interface()
+    for name in TRANSPORT_VARIABLES:
+        if multi_node:
+            env.setdefault(name, loopback)
+        else:
+            env[name] = loopback
+    return env
+
+
+def _describe_exit(code: int | None) -> str:
+    if code is not None and code < 0:
+        with contextlib.suppress(ValueError):
+            return f"exit code {code}, killed by {signal.Signals(-code).name}"
+    return f"exit code {code}"
+
+
+def _notice(text: str) -> None:
+    """One line for the reader about something done on their behalf."""
+    print(f"helpers.ranks: {text}", file=sys.stderr, flush=True)
+
+
 # ----------------------------------------------------------------------------------------
 # The rank side: a loop that joins a process group and runs whatever the parent sends.
+# Messages are (request id, kind, args); replies are (request id, status, data, out, err).
 # ----------------------------------------------------------------------------------------
 
 _COLLECTIVES = (
@@ -180,6 +249,29 @@ _COLLECTIVES = (
 )
 
 
+class _OpSlot:
+    """A few bytes of a file both sides map: the name of the collective a rank is inside,
+    readable by the parent even while the rank is stuck in it (or after it died)."""
+
+    def __init__(self, path: str, create: bool = False):
+        if create:
+            with open(path, "wb") as f:
+                f.write(bytes(_OP_SLOT_BYTES))
+        with open(path, "r+b") as f:
+            self._map = mmap.mmap(f.fileno(), _OP_SLOT_BYTES)
+
+    @property
+    def value(self) -> bytes:
+        return bytes(self._map[:]).split(b"\0", 1)[0]
+
+    @value.setter
+    def value(self, name: bytes) -> None:
+        self._map[:] = name[: _OP_SLOT_BYTES - 1].ljust(_OP_SLOT_BYTES, b"\0")
+
+    def close(self) -> None:
+        self._map.close()
+
+
 def _publish_current_op(op_slot) -> None:
     """Wrap torch.distributed's collectives so the parent can see which one a rank is in."""
     import torch.distributed as dist
@@ -187,7 +279,7 @@ def _publish_current_op(op_slot) -> None:
     def wrap(name, real):
         @functools.wraps(real)
         def wrapper(*args, **kwargs):
-            op_slot.value = name.encode()[: _OP_SLOT_BYTES - 1]
+            op_slot.value = name.encode()
             result = real(*args, **kwargs)
             op_slot.value = b""
             return result
@@ -200,12 +292,17 @@ def _publish_current_op(op_slot) -> None:
             setattr(dist, name, wrap(name, real))
 
 
-def _die_with_parent(parent_pid: int) -> None:
-    if sys.platform.startswith("linux"):
+def _die_with_parent(parent_pid: int, pdeathsig: bool) -> None:
+    # PR_SET_PDEATHSIG fires when the *thread* that started us ends, so the parent asks
+    # for it only when that thread is its main thread (whose end is the process's end).
+    if pdeathsig and sys.platform.startswith("linux"):
         with contextlib.suppress(Exception):
             libc = ctypes.CDLL("libc.so.6", use_errno=True)
             libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    # Also poll: covers other platforms and a parent that died before prctl ran.
+    if os.getppid() != parent_pid:  # the parent died before prctl took effect
+        os._exit(1)
+
+    # Always poll too: covers other platforms and ranks started from other threads.
     def watch():
         while True:
             if os.getppid() != parent_pid:
@@ -225,110 +322,252 @@ def _to_cpu(value):
     return value
 
 
-def _worker(index: int, conn, op_slot, parent_pid: int, loopback: str) -> None:
-    _die_with_parent(parent_pid)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides what an interrupt kills
-    os.environ.setdefault("GLOO_SOCKET_IFNAME", loopback)
-    os.environ.setdefault("NCCL_SOCKET_IFNAME", loopback)
+def _init_group(index: int, world_size: int, store_path: str, backend: str,
+                timeout: float | None) -> None:
     import torch
     import torch.distributed as dist
-    _publish_current_op(op_slot)
+    _leave_group(index)
+    torch.set_num_threads(threads_per_rank(world_size))
+    if backend == "nccl":
+        torch.cuda.set_device(index)
+    store = dist.FileStore(store_path, world_size)
+    dist.init_process_group(backend, store=store, rank=index, world_size=world_size,
+                            timeout=_NO_TIMEOUT if timeout is None else timedelta(seconds=timeout))
+
+
+def _leave_group(index: int) -> None:
+    import torch.distributed as dist
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def _run_function(index: int, payload: bytes) -> bytes:
+    import torch.distributed as dist
+    fn, args, kwargs = pickle.loads(payload)
+    return pickle.dumps(_to_cpu(fn(index, dist.get_world_size(), *args, **kwargs)))
+
+
+_HANDLERS = {"init": _init_group, "leave": _leave_group, "run": _run_function}
+
+
+def _handle(index: int, kind: str, args: tuple) -> tuple:
+    """(status, data, out, err): data is the pickled result, or the traceback on an error."""
+    out, err = io.StringIO(), io.StringIO()  # shown by the parent, in rank order
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            data = _HANDLERS[kind](index, *args)
+        return "ok", data, out.getvalue(), err.getvalue()
+    except BaseException:
+        return "error", traceback.format_exc(), out.getvalue(), err.getvalue()
+
+
+def _rank_main(config: dict) -> None:
+    """A rank process: started by `_Rank` as `python -c`, it serves requests until its pipe
+    closes (the parent closed it or died)."""
+    conn = mpc.Connection(config["fd"])
+    _die_with_parent(config["parent_pid"], config["pdeathsig"])
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides what an interrupt kills
+    import torch
+    _publish_current_op(_OpSlot(config["op_path"]))
     torch.set_num_interop_threads(1)
-    conn.send(("ready", None, "", ""))
+    index = config["index"]
+    conn.send((0, "ok", None, "", ""))  # request 0: "ready"
     while True:
         try:
-            message = conn.recv()
+            request, kind, args = conn.recv()
         except (EOFError, OSError):
             return
-        kind = message[0]
-        if kind == "stop":
-            if dist.is_initialized():
-                dist.destroy_process_group()
-            return
-        out, err = io.StringIO(), io.StringIO()  # shown by the parent, in rank order
-        try:
-            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-                if kind == "init":
-                    _, world_size, store_path, backend, timeout = message
-                    if dist.is_initialized():
-                        dist.destroy_process_group()
-                    torch.set_num_threads(threads_per_rank(world_size))
-                    if backend == "nccl":
-                        torch.cuda.set_device(index)
-                    store = dist.FileStore(store_path, world_size)
-                    dist.init_process_group(backend, store=store, rank=index,
-                                            world_size=world_size,
-                                            timeout=timedelta(seconds=timeout))
-                    result = None
-                elif kind == "leave":
-                    if dist.is_initialized():
-                        dist.destroy_process_group()
-                    result = None
-                else:  # "run"
-                    _, payload = message
-                    fn, args, kwargs = pickle.loads(payload)
-                    result = _to_cpu(fn(index, dist.get_world_size(), *args, **kwargs))
-            reply = ("ok", pickle.dumps(result), out.getvalue(), err.getvalue())
-        except BaseException:
-            reply = ("error", traceback.format_exc(), out.getvalue(), err.getvalue())
-        try:
-            conn.send(reply)
-        except Exception:  # an unpicklable result: say so rather than die silently
-            conn.send(("error", traceback.format_exc(), out.getvalue(), err.getvalue()))
+        conn.send((request, *_handle(index, kind, args)))
 
 
 # ----------------------------------------------------------------------------------------
 # The notebook side.
 # ----------------------------------------------------------------------------------------
 
-@contextlib.contextmanager
-def _main_module_hidden():
-    """Start children without re-running the parent's main script in them.
-
-    A spawned child normally re-imports `__main__` (so scripts need `if __name__ ==
-    "__main__":`). Rank functions live in importable modules, so a rank never needs the
-    parent's main module: hide it while the child is created.
-    """
-    main = sys.modules.get("__main__")
-    saved = {k: main.__dict__[k] for k in ("__file__", "__spec__") if k in main.__dict__}
-    main.__dict__.pop("__file__", None)
-    main.__spec__ = None
-    try:
-        yield
-    finally:
-        main.__dict__.pop("__spec__", None)
-        main.__dict__.update(saved)
+_BOOT = ("import json, sys; config = json.loads(sys.argv[1]); sys.path[:] = config['path']; "
+         f"from {__name__} import _rank_main; _rank_main(config)")
 
 
 class _Rank:
-    def __init__(self, ctx, index: int, loopback: str):
-        self.conn, child = ctx.Pipe()
-        self.op_slot = ctx.Array("c", _OP_SLOT_BYTES, lock=False)
-        self.process = ctx.Process(target=_worker, name=f"rank-{index}", daemon=True,
-                                   args=(index, child, self.op_slot, os.getpid(), loopback))
-        with _main_module_hidden():
-            self.process.start()
-        child.close()
+    """One rank process and the parent's end of its pipe."""
+
+    def __init__(self, index: int, folder: str, env: dict):
         self.index = index
+        op_path = os.path.join(folder, f"op-{index}")
+        self.op_slot = _OpSlot(op_path, create=True)
+        self.conn, child = mp.Pipe()
+        config = {"fd": child.fileno(), "index": index, "parent_pid": os.getpid(),
+                  "pdeathsig": threading.current_thread() is threading.main_thread(),
+                  "op_path": op_path, "path": [p for p in sys.path if isinstance(p, str)]}
+        try:
+            self.process = subprocess.Popen([sys.executable, "-c", _BOOT, json.dumps(config)],
+                                            pass_fds=(child.fileno(),), env=env,
+                                            stdin=subprocess.DEVNULL)
+        finally:
+            child.close()
 
     @property
     def op(self) -> str | None:
-        return self.op_slot.value.decode() or None
+        with contextlib.suppress(ValueError):  # the slot is closed once the rank is reaped
+            return self.op_slot.value.decode(errors="replace") or None
+        return None
 
-    def kill(self) -> None:
-        if self.process.is_alive():
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def exit_code(self) -> int:
+        """The exit status, for certain: wait for the process (kill it if it lingers) first."""
+        try:
+            return self.process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
             self.process.kill()
-        self.process.join(timeout=5)
+            return self.process.wait()
+
+    def drain(self) -> bool:
+        """Throw away replies nobody waits for any more (from a request that was given up);
+        False if the rank is gone (exited, or its pipe is closed as it exits)."""
+        try:
+            while self.conn.poll():
+                self.conn.recv()
+        except (EOFError, OSError):
+            return False
+        return self.alive()
+
+    def release(self) -> None:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.process.wait(timeout=10)
         self.conn.close()
+        self.op_slot.close()
 
 
-def _kill_all(ranks: list[_Rank], tmpdir: str | None) -> None:
+def _kill_all(ranks: list[_Rank], folders: list[str]) -> None:
+    """Kill every rank first, then reap each, then remove the folder: killing all before
+    waiting on any means one stuck rank cannot keep the others alive."""
+    for rank in ranks:
+        with contextlib.suppress(OSError):
+            rank.process.kill()
     for rank in ranks:
         with contextlib.suppress(Exception):
-            rank.kill()
+            rank.release()
     ranks.clear()
-    if tmpdir:
-        shutil.rmtree(tmpdir, ignore_errors=True)
+    for folder in folders:
+        shutil.rmtree(folder, ignore_errors=True)
+    folders.clear()
+
+
+_deferring = False
+
+
+@contextlib.contextmanager
+def _sigint_deferred():
+    """Hold back Ctrl-C (Jupyter's stop button) while ranks are started or killed.
+
+    A second interrupt landing half-way through a clean-up would leave ranks that the object
+    no longer tracks. A held interrupt is raised at the end, unless an exception is already on
+    its way out (then the reader is interrupted anyway). Only the main thread gets SIGINT.
+    """
+    global _deferring
+    previous = None
+    if threading.current_thread() is threading.main_thread() and not _deferring:
+        previous = signal.getsignal(signal.SIGINT)
+    if not callable(previous):  # not ours to change (SIG_IGN, SIG_DFL, set from C, nested)
+        yield
+        return
+    held = []
+    signal.signal(signal.SIGINT, lambda signum, frame: held.append(signum))
+    _deferring = True
+    try:
+        yield
+    finally:
+        _deferring = False
+        signal.signal(signal.SIGINT, previous)
+        if held and sys.exc_info()[1] is None:
+            raise KeyboardInterrupt
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process
+        return True
+    return True
+
+
+def _remove_stale_folders() -> None:
+    """Remove private folders left by processes that were SIGKILLed (nothing else can leave
+    one): each folder's name starts with its owner's pid."""
+    root = tempfile.gettempdir()
+    with contextlib.suppress(OSError):
+        for name in os.listdir(root):
+            pid = name[len(_FOLDER_PREFIX):].split("-", 1)[0]
+            if not name.startswith(_FOLDER_PREFIX) or not pid.isdigit() or _pid_alive(int(pid)):
+                continue
+            path = os.path.join(root, name)
+            with contextlib.suppress(OSError):
+                if os.stat(path).st_uid == os.getuid():
+                    shutil.rmtree(path, ignore_errors=True)
+
+
+def _private_folder() -> str:
+    _remove_stale_folders()
+    # mkdtemp makes it mode 0700: private to this user.
+    return tempfile.mkdtemp(prefix=f"{_FOLDER_PREFIX}{os.getpid()}-")
+
+
+# Every LiveRanks of this process, for the cap on live ranks and for the exit handlers.
+_POOL: "weakref.WeakSet[LiveRanks]" = weakref.WeakSet()
+_POOL_LOCK = threading.Lock()  # a WeakSet may not change while another thread copies it
+_CLOCK = itertools.count(1)
+_exit_handlers_installed = False
+
+
+def _on_exit_signal(signum, frame) -> None:
+    """Kill our ranks and remove our folders, then die of the same signal as before."""
+    for group in list(_POOL):  # no locks: the code this signal interrupted may hold them
+        _kill_all(group._ranks, group._folders)
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
+
+
+def _install_exit_handlers() -> None:
+    """SIGTERM and SIGHUP end Python without atexit, so ranks would linger until their
+    watchdog noticed and the private folder would stay. Where nobody else handles them,
+    clean up first. (Signal handlers can only be set from the main thread.)"""
+    global _exit_handlers_installed
+    if _exit_handlers_installed or threading.current_thread() is not threading.main_thread():
+        return
+    _exit_handlers_installed = True
+    for name in ("SIGTERM", "SIGHUP"):
+        signum = getattr(signal, name, None)
+        if signum is not None and signal.getsignal(signum) == signal.SIG_DFL:
+            signal.signal(signum, _on_exit_signal)
+
+
+def _make_room(owner: "LiveRanks", needed: int) -> None:
+    """Stop the least recently used other LiveRanks until `needed` more ranks fit the cap."""
+    limit = max(live_rank_limit(), owner.world_size)
+    with _POOL_LOCK:
+        groups = [g for g in list(_POOL) if g._ranks]
+    total = needed + sum(len(g._ranks) for g in groups)
+    for other in sorted((g for g in groups if g is not owner), key=lambda g: g._last_used):
+        if total <= limit:
+            return
+        if not other._lock.acquire(blocking=False):
+            continue  # in use by another thread right now: not idle
+        try:
+            count, name = len(other._ranks), f"LiveRanks(world_size={other.world_size})"
+            other._teardown()
+        finally:
+            other._lock.release()
+        total -= count
+        _notice(f"stopped the {count} ranks of an idle {name} to keep at most {limit} rank "
+                "processes alive; it restarts on its next call")
 
 
 class LiveRanks:
@@ -340,20 +579,36 @@ class LiveRanks:
     Ranks start lazily on the first `run`. `resize(n)` re-forms the process group over the
     first n of the processes already started (starting more only if needed), so moving a
     world-size slider costs a re-rendezvous, not a process start.
+
+    `timeout` is how long a collective may wait for its peers, in seconds (None: no limit).
+    `multi_node=True` lets inherited GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME / TP_SOCKET_IFNAME
+    choose the interface; by default every transport is pinned to loopback.
+    Calls from several threads are serialised. A kernel keeps at most `live_rank_limit()`
+    rank processes alive over all its LiveRanks: the least recently used is stopped (with a
+    one-line notice) and restarts on its next call.
     """
 
-    def __init__(self, world_size: int, backend: str = "auto", timeout: float = 60):
+    def __init__(self, world_size: int, backend: str = "auto", timeout: float | None = 60,
+                 multi_node: bool = False):
         self._world_size = check_world_size(world_size)
         self.backend = resolve_backend(backend, world_size)
         self.timeout = check_timeout(timeout)
+        if not isinstance(multi_node, bool):
+            raise TypeError(f"multi_node must be True or False, got {multi_node!r}")
+        self.multi_node = multi_node
         self._ranks: list[_Rank] = []
-        self._group_size = 0          # size of the process group the ranks have joined
+        self._folders: list[str] = []  # the private folder while ranks run (at most one)
+        self._group_size = 0           # size of the process group the ranks have joined
         self._generation = 0
-        # Rendezvous files live here; private to this user (mkdtemp is mode 0700).
-        self._tmpdir = tempfile.mkdtemp(prefix="plab-ranks-")
-        self._ctx = mp.get_context("spawn")
-        # Close on garbage collection and at interpreter exit, whichever comes first.
-        self._finalizer = weakref.finalize(self, _kill_all, self._ranks, self._tmpdir)
+        self._requests = itertools.count(1)  # request 0 is each rank's "ready"
+        self._dirty = False            # a call is running, or was cut short
+        self._lock = threading.RLock()
+        self._last_used = 0
+        # Close on garbage collection and at interpreter exit, whichever comes first. (The
+        # finalizer holds the lists themselves, so they are only ever changed in place.)
+        self._finalizer = weakref.finalize(self, _kill_all, self._ranks, self._folders)
+        with _POOL_LOCK:
+            _POOL.add(self)
 
     @property
     def world_size(self) -> int:
@@ -363,37 +618,35 @@ class LiveRanks:
         world_size = check_world_size(world_size)
         # The backend chosen at construction stays: one object never mixes NCCL and gloo.
         resolve_backend(self.backend, world_size)
-        self._world_size = world_size
+        with self._lock:
+            self._world_size = world_size
         return self
 
     def run(self, fn: Callable, *args, **kwargs) -> list:
         """`[fn(r, world_size, *args, **kwargs) for r in ranks]`, each on its own rank."""
         check_rank_function(fn)
         payload = pickle.dumps((fn, args, kwargs))
-        try:
-            self._ensure_group()
-            n = self._world_size
-            return self._exchange(self._ranks[:n], ("run", payload), "run " + _name(fn))
-        except BaseException:
-            # Any failure (an error on a rank, a timeout, a KeyboardInterrupt) may leave ranks
-            # blocked in a collective: tear all of them down; the next call starts afresh.
-            self.close()
-            raise
+        what = "run " + _name(fn)
+        with self._lock:
+            self._last_used = next(_CLOCK)
+            try:
+                if self._dirty:  # an earlier call was cut short: its ranks' state is unknown
+                    self._teardown()
+                self._dirty = True
+                self._ensure_group()
+                replies = self._exchange(self._ranks[:self._world_size], "run", (payload,), what)
+                self._dirty = False
+            except BaseException:
+                # An error on a rank, a timeout or an interrupt may leave ranks blocked in a
+                # collective: tear all of them down; the next call starts afresh.
+                self._teardown()
+                raise
+        return [_unpickle(rank, data, what) for rank, data in enumerate(replies)]
 
     def close(self) -> None:
-        """Stop every rank. (multiprocessing's own resource-tracker helper, started with the
-        first spawned process, stays until the kernel exits: it holds no rank or socket.)"""
-        for rank in self._ranks:
-            with contextlib.suppress(Exception):
-                rank.conn.send(("stop",))
-        deadline = time.monotonic() + 2
-        for rank in self._ranks:
-            rank.process.join(timeout=max(0.0, deadline - time.monotonic()))
-        _kill_all(self._ranks, None)
-        for name in os.listdir(self._tmpdir) if os.path.isdir(self._tmpdir) else ():
-            with contextlib.suppress(OSError):
-                os.remove(os.path.join(self._tmpdir, name))
-        self._group_size = 0
+        """Stop every rank and remove the private folder; the next `run` starts afresh."""
+        with self._lock:
+            self._teardown()
 
     def __enter__(self) -> "LiveRanks":
         return self
@@ -402,86 +655,126 @@ class LiveRanks:
         self.close()
 
     def __repr__(self) -> str:
-        alive = sum(r.process.is_alive() for r in self._ranks)
+        alive = sum(r.alive() for r in list(self._ranks))
         return f"LiveRanks(world_size={self._world_size}, backend={self.backend!r}, processes={alive})"
 
     @property
     def pids(self) -> list[int]:
-        return [r.process.pid for r in self._ranks]
+        return [r.pid for r in list(self._ranks)]
 
     # -- internals ------------------------------------------------------------------------
 
+    def _teardown(self) -> None:
+        """Kill, reap, remove the folder, with interrupts held back: whatever happens the
+        object is left ready for the next call."""
+        with _sigint_deferred():
+            self._group_size = 0
+            _kill_all(self._ranks, self._folders)
+            self._dirty = False
+
     def _ensure_group(self) -> None:
+        self._replace_dead()
         n = self._world_size
-        if self._group_size == n and all(r.process.is_alive() for r in self._ranks[:n]):
+        if self._group_size == n:
             return
-        os.makedirs(self._tmpdir, mode=0o700, exist_ok=True)
-        loopback = loopback_interface()
-        new = [_Rank(self._ctx, i, loopback) for i in range(len(self._ranks), n)]
-        self._ranks.extend(new)
-        if new:
-            self._exchange(new, None, "start")  # wait for "ready"
+        self._start(n - len(self._ranks))
         # Ranks beyond n leave the old group first so the new one forms cleanly.
-        others = [r for r in self._ranks[n:self._group_size]]
+        others = self._ranks[n:self._group_size]
         if others:
-            self._exchange(others, ("leave",), "leave")
+            self._exchange(others, "leave", (), "leave")
+        self._group_size = 0
         self._generation += 1
-        store = os.path.join(self._tmpdir, f"store-{self._generation}")
-        self._exchange(self._ranks[:n], ("init", n, store, self.backend, self.timeout),
+        store = os.path.join(self._folders[0], f"store-{self._generation}")
+        self._exchange(self._ranks[:n], "init", (n, store, self.backend, self.timeout),
                        "init_process_group")
         self._group_size = n
 
-    def _exchange(self, ranks: list[_Rank], message, what: str) -> list:
-        if message is not None:
-            for rank in ranks:
-                rank.conn.send(message)
+    def _replace_dead(self) -> None:
+        """A rank that died while idle (killed, OOM, its creating thread's PDEATHSIG) broke
+        the process group: say which, then start every rank afresh."""
+        dead = [r for r in self._ranks if not r.drain()]
+        if dead:
+            which = ", ".join(f"rank {r.index} ({_describe_exit(r.exit_code())})" for r in dead)
+            _notice(f"{which} had exited while idle; starting fresh ranks")
+            self._teardown()
+
+    def _start(self, missing: int) -> None:
+        if missing <= 0:
+            return
+        _make_room(self, missing)
+        _install_exit_handlers()
+        env = pin_transports(dict(os.environ), self.multi_node)
+        new = []
+        with _sigint_deferred():  # every started process is recorded before an interrupt lands
+            if not self._folders:
+                self._folders.append(_private_folder())
+            for index in range(len(self._ranks), len(self._ranks) + missing):
+                new.append(_Rank(index, self._folders[0], env))
+                self._ranks.append(new[-1])
+        self._await(new, 0, "start", _START_S)
+
+    def _exchange(self, ranks: list[_Rank], kind: str, args: tuple, what: str) -> list:
+        request = next(self._requests)
+        for rank in ranks:
+            rank.drain()
+            try:
+                rank.conn.send((request, kind, args))
+            except OSError:
+                raise self._died(rank, what) from None
+        wait = None if self.timeout is None else self.timeout + _GRACE_S
+        return self._await(ranks, request, what, wait)
+
+    def _await(self, ranks: list[_Rank], request: int, what: str, seconds: float | None) -> list:
+        """Each rank's reply to `request`, in rank order; replies to older requests are
+        dropped. Raises as soon as one rank fails, dies, or the time is up."""
         replies: dict[int, tuple] = {}
         pending = {rank.conn: rank for rank in ranks}
-        sentinels = {rank.process.sentinel: rank for rank in ranks}
-        # Starting a process imports torch: allow for that on a busy machine.
-        deadline = time.monotonic() + self.timeout + _GRACE_S + (60 if what == "start" else 0)
+        deadline = math.inf if seconds is None else time.monotonic() + seconds
         while pending:
             left = deadline - time.monotonic()
             if left <= 0:
-                stuck = min(pending.values(), key=lambda r: r.index)
-                done = sorted(r.index for r in ranks if r.conn not in pending)
-                raise RankTimeoutError(stuck.index, stuck.op or what, "(no reply from the rank)",
-                                       self.timeout, done)
-            ready = mpc.wait(list(pending) + [s for s, r in sentinels.items()
-                                              if r.conn in pending], timeout=left)
-            for obj in ready:
-                if obj in pending:
-                    rank = pending.pop(obj)
-                    try:
-                        reply = obj.recv()
-                    except (EOFError, OSError):
-                        raise RankError(rank.index, rank.op, f"rank {rank.index} exited "
-                                        f"(exit code {rank.process.exitcode})") from None
-                    replies[rank.index] = reply
-                    if reply[0] == "error":
-                        self._show(replies)
-                        if "Timed out" in reply[1] or "timed out" in reply[1]:
-                            returned = sorted(r.index for r in ranks
-                                              if r.conn not in pending and r is not rank)
-                            raise RankTimeoutError(rank.index, rank.op, reply[1],
-                                                   self.timeout, returned)
-                        raise RankError(rank.index, rank.op, reply[1])
-                elif obj in sentinels and sentinels[obj].conn in pending:
-                    rank = sentinels[obj]
-                    if rank.conn.poll():  # its last words arrived before it died
-                        continue
-                    rank.process.join(timeout=1)
-                    raise RankError(rank.index, rank.op or what,
-                                    f"rank {rank.index} died (exit code {rank.process.exitcode})")
+                raise self._timed_out(ranks, pending, what)
+            for conn in mpc.wait(list(pending), timeout=min(left, _POLL_S)):
+                rank = pending[conn]
+                try:
+                    reply = conn.recv()
+                except (EOFError, OSError):
+                    raise self._died(rank, what) from None
+                if reply[0] != request:
+                    continue  # stale: the answer to a request that was given up
+                del pending[conn]
+                replies[rank.index] = reply
+                if reply[1] == "error":
+                    self._show(replies)
+                    raise self._failed(rank, reply[2], ranks, pending)
+            for rank in list(pending.values()):  # dead, but its pipe held open by a child
+                if not rank.alive() and not rank.conn.poll():
+                    raise self._died(rank, what)
         self._show(replies)
-        return [pickle.loads(replies[r.index][1]) if replies[r.index][1] else None
-                for r in ranks] if message and message[0] == "run" else []
+        return [replies[r.index][2] for r in ranks]
+
+    def _died(self, rank: _Rank, what: str) -> RankError:
+        code = rank.exit_code()  # reaped before it is read: never "exit code None"
+        return RankError(rank.index, rank.op or what,
+                         f"rank {rank.index} died ({_describe_exit(code)})")
+
+    def _failed(self, rank: _Rank, tb: str, ranks: list[_Rank], pending: dict) -> RankError:
+        if "Timed out" in tb or "timed out" in tb:
+            returned = sorted(r.index for r in ranks if r.conn not in pending and r is not rank)
+            return RankTimeoutError(rank.index, rank.op, tb, self.timeout, returned)
+        return RankError(rank.index, rank.op, tb)
+
+    def _timed_out(self, ranks: list[_Rank], pending: dict, what: str) -> RankTimeoutError:
+        stuck = min(pending.values(), key=lambda r: r.index)
+        done = sorted(r.index for r in ranks if r.conn not in pending)
+        return RankTimeoutError(stuck.index, stuck.op or what, "(no reply from the rank)",
+                                self.timeout, done)
 
     @staticmethod
     def _show(replies: dict[int, tuple]) -> None:
         """Print each rank's captured output once, in rank order."""
         for index in sorted(replies):
-            _, _, out, err = replies[index]
+            out, err = replies[index][3:5]
             for text, stream in ((out, sys.stdout), (err, sys.stderr)):
                 if text:
                     prefix = f"[rank {index}] "
@@ -490,16 +783,23 @@ class LiveRanks:
                         stream.write("\n")
 
 
+def _unpickle(rank: int, data: bytes, what: str):
+    try:
+        return pickle.loads(data)
+    except Exception as e:  # e.g. a class the rank could import and the notebook cannot
+        raise RankError(rank, what, f"the result of rank {rank} could not be unpickled in this "
+                        f"process: {type(e).__name__}: {e}") from e
+
+
 def _name(fn: Callable) -> str:
     target = fn.func if isinstance(fn, functools.partial) else fn
     return getattr(target, "__qualname__", repr(fn))
 
 
-def spawn(fn: Callable, world_size: int, *args, backend: str = "auto", timeout: float = 60,
-          **kwargs) -> list:
+def spawn(fn: Callable, world_size: int, *args, backend: str = "auto",
+          timeout: float | None = 60, multi_node: bool = False, **kwargs) -> list:
     """Start `world_size` fresh processes, run `fn(rank, world_size, *args, **kwargs)` on each
     inside a process group, tear everything down, and return the results in rank order."""
     check_rank_function(fn)
-    with LiveRanks(world_size, backend=backend, timeout=timeout) as ranks:
+    with LiveRanks(world_size, backend=backend, timeout=timeout, multi_node=multi_node) as ranks:
         return ranks.run(fn, *args, **kwargs)
-

@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 
 from helpers.parallel import collectives
-from helpers.ranks import loopback_interface
+from helpers.ranks import pin_transports
 
 DEMOS = {
     "allreduce": (collectives.lecture_example, "the lecture's [0,1,2,3] + rank example"),
@@ -32,11 +32,11 @@ def single_machine() -> bool:
 
 
 def pin_transports_to_loopback_if_single_machine() -> None:
-    """One machine: keep gloo's and NCCL's sockets on loopback. (torchrun --standalone sets
-    MASTER_ADDR to the host's name, not to 127.0.0.1, so the address cannot tell.)"""
+    """One machine: keep gloo's and NCCL's sockets on loopback, even over an inherited
+    GLOO_SOCKET_IFNAME=eth0. (torchrun --standalone sets MASTER_ADDR to the host's name, not
+    to 127.0.0.1, so the address cannot tell.) Several machines: the environment decides."""
     if single_machine():
-        os.environ.setdefault("GLOO_SOCKET_IFNAME", loopback_interface())
-        os.environ.setdefault("NCCL_SOCKET_IFNAME", loopback_interface())
+        pin_transports(os.environ)
 
 
 def _parse_arg(text: str):

@@ -57,3 +57,34 @@ def mesh_against_device_mesh(rank, world_size, d, t, p):
             "torch": Groups(*(dist.get_process_group_ranks(device_mesh.get_group(name))
                               for name in Groups._fields)),
             "torch_coords": device_mesh.get_coordinate()}
+
+
+def exit_now(rank, world_size, code):
+    os._exit(code)
+
+
+def environment(rank, world_size, names):
+    return {name: os.environ.get(name) for name in names}
+
+
+def mark_then_sleep(rank, world_size, folder, seconds):
+    """Leave a file saying this rank is busy, then sleep: a test interrupts it then."""
+    with open(os.path.join(folder, f"busy-{rank}"), "w"):
+        pass
+    time.sleep(seconds)
+    return rank
+
+
+def _only_in(pid):
+    if os.getpid() != pid:
+        raise ImportError("this object only loads in the rank that made it")
+    return pid
+
+
+class LoadsOnlyInRank:
+    def __reduce__(self):
+        return _only_in, (os.getpid(),)
+
+
+def unpicklable_in_parent(rank, world_size):
+    return LoadsOnlyInRank()

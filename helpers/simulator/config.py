@@ -22,15 +22,59 @@ PRICES_USD: dict[str, float] = {
 
 _NUMBER_FIELDS = ("register_bytes_per_processing_block", "l2_Bps", "l2_bytes", "hbm_Bps",
                   "hbm_bytes", "max_clock_Hz")
+# What the search can finish (measured: beyond these it takes minutes and gigabytes).
+MAX_LEVELS = 8  # levels in all, the unbounded outermost included
+MAX_LEVEL_SIZE = 2**30
+MAX_PLACEMENTS = 5000  # placements of the five degrees per layout: 8×32 levels give 4410
 
 
 def _is_number(x) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and not math.isnan(x)
+    """A real number a float can hold (a JSON integer of 400 digits is not one)."""
+    if not isinstance(x, (int, float)) or isinstance(x, bool):
+        return False
+    try:
+        return not math.isnan(float(x))
+    except OverflowError:
+        return False
 
 
 def _check(cond: bool, field: str, allowed: str, value) -> None:
     if not cond:
-        raise ValueError(f"{field} must be {allowed} (got {value!r})")
+        shown = repr(value)
+        shown = shown if len(shown) <= 80 else shown[:60] + "…"
+        raise ValueError(f"{field} must be {allowed} (got {shown})")
+
+
+def _factorizations5(n: int) -> int:
+    """How many ordered 5-way factorizations `n` has: C(e+4, 4) per prime power p^e."""
+    count, p = 1, 2
+    while p * p <= n:
+        e = 0
+        while n % p == 0:
+            n, e = n // p, e + 1
+        count *= math.comb(e + 4, 4)
+        p += 1
+    return count * (5 if n > 1 else 1)
+
+
+def _check_search_size(levels) -> None:
+    """The search enumerates every split of the five degrees over the inner levels: refuse
+    networks whose splits would not fit in memory or finish in minutes."""
+    _check(len(levels) <= MAX_LEVELS, "network_levels", f"at most {MAX_LEVELS} levels",
+           f"{len(levels)} levels")
+    placements = math.prod(_factorizations5(lv.size) for lv in levels[:-1])
+    _check(placements <= MAX_PLACEMENTS, "network_levels",
+           f"levels whose sizes allow at most {MAX_PLACEMENTS} placements per layout "
+           "(fewer or smaller levels)", f"sizes {[lv.size for lv in levels[:-1]]}: "
+           f"{placements} placements")
+
+
+def _check_derived(gpu: GPU) -> None:
+    """Products of valid fields can still underflow to 0 or overflow to infinity."""
+    for name, value in (("peak FLOP/s", gpu.peak_flops), ("clock_Hz", gpu.clock_Hz),
+                        ("shared-memory bandwidth", gpu.shared_Bps)):
+        _check(0 < value < math.inf, "flop_per_clock_per_thread, num_sms, max_clock_Hz and "
+               "effective_utilization", f"such that the {name} is a finite number > 0", value)
 
 
 def validate_gpu(gpu: GPU) -> GPU:
@@ -67,12 +111,15 @@ def validate_gpu(gpu: GPU) -> GPU:
         _check(_is_number(lv.latency_s) and 0 <= lv.latency_s < math.inf, f"{where}.latency_s",
                "a finite number >= 0", lv.latency_s)
         if k < len(levels) - 1:
-            _check(isinstance(lv.size, int) and not isinstance(lv.size, bool) and lv.size >= 1,
-                   f"{where}.size", "an integer >= 1 (every level but the last has a size)",
+            _check(isinstance(lv.size, int) and not isinstance(lv.size, bool)
+                   and 1 <= lv.size <= MAX_LEVEL_SIZE, f"{where}.size",
+                   f"an integer in [1, {MAX_LEVEL_SIZE}] (every level but the last has a size)",
                    lv.size)
         else:
             _check(lv.size is None, f"{where}.size",
                    "absent: the last level is unbounded", lv.size)
+    _check_search_size(levels)
+    _check_derived(gpu)
     return gpu
 
 
@@ -140,10 +187,61 @@ def load_config(path: str | Path) -> tuple[GPU, Settings | None]:
     except json.JSONDecodeError as e:
         raise ValueError(f"config file is not valid JSON: {e}") from None
     gpu = gpu_from_json(data)
-    settings = Settings.from_json(data["settings"]) if "settings" in data else None
+    settings = settings_from_json(data["settings"]) if "settings" in data else None
     return gpu, settings
+
+
+_SETTINGS_TYPES = {"tokens_per_param": "number", "depth_coef": "number", "depth_exp": "number",
+                   "months": "number", "threshold": "number", "price_per_gpu": "number or null",
+                   "batch_law": "string", "sparse": "bool", "overlap_tp": "bool",
+                   "overlap_pp": "bool", "overlap_dp": "bool", "schedules": "list of strings"}
+
+
+def _json_type_ok(value, kind: str) -> bool:
+    if kind == "number or null":
+        return value is None or _is_number(value)
+    return {"number": _is_number, "string": lambda v: isinstance(v, str),
+            "bool": lambda v: isinstance(v, bool),
+            "list of strings": lambda v: isinstance(v, list) and v != []
+            and all(isinstance(x, str) for x in v)}[kind](value)
+
+
+def settings_from_json(data) -> Settings:
+    """The `settings` section of a config file, each field's JSON type checked first (so a
+    null, a string where a number belongs or a 400-digit integer is named, not a crash)."""
+    _check(isinstance(data, dict), "settings", "an object of settings", data)
+    for name, value in data.items():
+        kind = _SETTINGS_TYPES.get(name)
+        if kind is not None:
+            _check(_json_type_ok(value, kind), f"settings.{name}", f"a JSON {kind}", value)
+    return Settings.from_json(data)
 
 
 def validate(gpu: GPU, settings: Settings) -> None:
     validate_gpu(gpu)
     validate_settings(settings)
+    _check_grid(settings)
+
+
+def _check_grid(settings: Settings) -> None:
+    """The scaling laws must give finite models: a large depth_exp overflows the layer count,
+    a huge tokens_per_param the compute."""
+    from .scaling import grid
+    try:
+        models = grid(settings)
+    except OverflowError:
+        models = None
+    _check(models is not None, "depth_coef and depth_exp",
+           "small enough that the layer count of every grid model is finite",
+           (settings.depth_coef, settings.depth_exp))
+    T = settings.duration_s
+    _check(0 < T < math.inf, "months", "a duration that is finite and > 0 in seconds",
+           settings.months)
+    for m in models:
+        _check(math.isfinite(m.C) and math.isfinite(m.D), "tokens_per_param",
+               "small enough that the training compute of every grid model is finite",
+               settings.tokens_per_param)
+        # The search looks for the longest step that still finishes in time: it must be > 0.
+        _check(T / (m.D / m.B) > 0, "months and tokens_per_param",
+               "such that one training step of every grid model may take more than 0 s",
+               (settings.months, settings.tokens_per_param))

@@ -1,0 +1,171 @@
+"""helpers.ranks inside a real Jupyter kernel (ipykernel, driven through jupyter_client), the
+way a reader uses it: interrupts from the stop button, re-run cells, restart and shutdown."""
+import json
+import os
+import time
+
+import pytest
+
+jupyter_client = pytest.importorskip("jupyter_client")
+from jupyter_client.manager import KernelManager  # noqa: E402
+
+from tests.test_ranks import ROOT, alive, wait_dead  # noqa: E402
+
+SETUP = """
+import json, os
+import helpers.ranks
+from helpers.ranks import LiveRanks
+from tests import rank_fns
+def rank_children():
+    found = []
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            stat = open(f"/proc/{entry}/stat").read().rsplit(")", 1)[1].split()
+            cmdline = open(f"/proc/{entry}/cmdline").read()
+        except OSError:
+            continue
+        if stat[1] == str(os.getpid()) and stat[0] != "Z" and "_rank_main" in cmdline:
+            found.append(int(entry))
+    return sorted(found)
+"""
+
+
+def start_kernel():
+    km = KernelManager(kernel_name="python3")
+    # Generous: a kernel that needs SIGTERM or the kill fails the test, not a slow machine.
+    km.shutdown_wait_time = 240
+    km.start_kernel(cwd=ROOT, env=dict(os.environ, PYTHONPATH=ROOT))
+    kc = km.client()
+    kc.start_channels()
+    kc.wait_for_ready(timeout=180)
+    execute(kc, SETUP)
+    return km, kc
+
+
+def collect(kc, msg_id, timeout=300) -> dict:
+    """Everything one cell sent back: streams, result, error name, final status."""
+    got = {"stdout": "", "stderr": "", "result": None, "ename": None}
+    deadline = time.monotonic() + timeout
+    while True:
+        msg = kc.get_iopub_msg(timeout=max(1, deadline - time.monotonic()))
+        if msg["parent_header"].get("msg_id") != msg_id:
+            continue
+        kind, content = msg["msg_type"], msg["content"]
+        if kind == "stream":
+            got[content["name"]] += content["text"]
+        elif kind == "execute_result":
+            got["result"] = content["data"]["text/plain"]
+        elif kind == "error":
+            got["ename"] = content["ename"]
+        elif kind == "status" and content["execution_state"] == "idle":
+            break
+    while True:  # the shell reply says how the cell ended
+        reply = kc.get_shell_msg(timeout=max(1, deadline - time.monotonic()))
+        if reply["parent_header"].get("msg_id") == msg_id:
+            got["status"] = reply["content"]["status"]
+            return got
+
+
+def execute(kc, code, timeout=300) -> dict:
+    got = collect(kc, kc.execute(code), timeout)
+    return got
+
+
+def value(kc, expression):
+    """The JSON value of `expression`, evaluated in the kernel."""
+    got = execute(kc, f"print(json.dumps({expression}))")
+    assert got["ename"] is None, got
+    return json.loads(got["stdout"].strip().splitlines()[-1])
+
+
+def sigterm_ignored(pid) -> bool:
+    with open(f"/proc/{pid}/status") as f:
+        mask = next(int(line.split()[1], 16) for line in f if line.startswith("SigIgn:"))
+    return bool(mask & (1 << (15 - 1)))
+
+
+@pytest.fixture(scope="module")
+def kernel():
+    km, kc = start_kernel()
+    yield km, kc
+    kc.stop_channels()
+    km.shutdown_kernel(now=True)
+
+
+def test_two_interrupts_in_a_row_leave_the_next_call_correct(kernel, tmp_path):
+    km, kc = kernel
+    execute(kc, "live = LiveRanks(2, timeout=120)")
+    first = value(kc, "[r['pid'] for r in live.run(rank_fns.identity)]")
+    msg_id = kc.execute(f"live.run(rank_fns.mark_then_sleep, {str(tmp_path)!r}, 120)")
+    deadline = time.monotonic() + 180
+    while not all((tmp_path / f"busy-{r}").exists() for r in range(2)):
+        assert time.monotonic() < deadline, "the ranks never started the call"
+        time.sleep(0.05)
+    km.interrupt_kernel()
+    time.sleep(0.3)  # the scenario: a reader pressing stop twice, 0.3 s apart
+    km.interrupt_kernel()
+    got = collect(kc, msg_id)
+    # The cell was interrupted. (On a loaded machine the second press can land while IPython
+    # is still printing the first traceback, which then never arrives: not ours to test.)
+    assert got["status"] != "ok" and got["ename"] in ("KeyboardInterrupt", None), got
+    assert wait_dead(first) == []
+    assert value(kc, "[r['value'] for r in live.run(rank_fns.identity, value='after')]") \
+        == ["after", "after"]
+    assert value(kc, "[r['value'] for r in live.run(rank_fns.identity, value='again')]") \
+        == ["again", "again"]
+    assert value(kc, "rank_children()") == sorted(value(kc, "live.pids"))
+    execute(kc, "live.close()")
+
+
+def test_rerunning_a_cell_keeps_the_rank_processes_bounded(kernel):
+    km, kc = kernel
+    execute(kc, "helpers.ranks.LIVE_RANK_LIMIT = 2")
+    cell = "live = LiveRanks(2, timeout=120); live.run(rank_fns.identity); live"
+    notices = []
+    for _ in range(3):
+        got = execute(kc, cell)
+        assert got["ename"] is None and got["result"].startswith("LiveRanks(world_size=2")
+        notices += [l for l in got["stderr"].splitlines() if l.startswith("helpers.ranks:")]
+        assert len(value(kc, "rank_children()")) <= 2
+    # Out[] still holds all three objects; only the newest has processes.
+    assert len(notices) == 2 and all("to keep at most 2 rank processes" in n for n in notices)
+    assert value(kc, "[o.pids != [] for o in Out.values() if isinstance(o, LiveRanks)]") \
+        == [False, False, True]
+    execute(kc, "live.close(); helpers.ranks.LIVE_RANK_LIMIT = None")
+
+
+def kernel_state(kc) -> dict:
+    execute(kc, "live = LiveRanks(2, timeout=120)")
+    return value(kc, "{'kernel': os.getpid(), 'ranks': [r['pid'] for r in "
+                     "live.run(rank_fns.identity)], 'folder': live._folders[0], "
+                     "'children': [int(p) for p in os.listdir('/proc') if p.isdigit() and "
+                     "open(f'/proc/{p}/stat').read().rsplit(')', 1)[1].split()[1] == str(os.getpid())]}")
+
+
+def check_gone(state, km):
+    assert wait_dead(state["ranks"] + [state["kernel"]], seconds=60) == []
+    assert not os.path.exists(state["folder"])
+    status = getattr(km, "_shutdown_status", None)  # jupyter_client's record of how it ended
+    if status is not None:
+        assert status.name == "ShutdownRequest", f"the kernel had to be {status.name}ed"
+
+
+def test_restart_and_shutdown_leave_nothing_and_need_no_kill():
+    km, kc = start_kernel()
+    try:
+        state = kernel_state(kc)
+        # ipykernel ends its children with SIGTERM: none of ours may ignore it (the
+        # multiprocessing resource tracker did, so every shutdown waited for the kill).
+        assert [p for p in state["children"] if alive(p) and sigterm_ignored(p)] == []
+        km.restart_kernel(now=False)
+        check_gone(state, km)
+        kc.wait_for_ready(timeout=180)
+        execute(kc, SETUP)
+        state = kernel_state(kc)
+        assert value(kc, "[r['rank'] for r in live.run(rank_fns.identity)]") == [0, 1]
+        kc.stop_channels()
+        km.shutdown_kernel(now=False)
+        check_gone(state, km)
+    finally:
+        if km.has_kernel:
+            km.shutdown_kernel(now=True)
