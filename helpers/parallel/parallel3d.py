@@ -41,8 +41,8 @@ import torch.distributed as dist
 from torch import nn
 
 from helpers.checks import check_choice, check_divisible, check_int, check_number
-from helpers.models import (TRANSFORMER, Block, Transformer, TransformerConfig, lm_loss, make_tokens,
-                            make_transformer)
+from helpers.models import (TRANSFORMER, Block, Transformer, TransformerConfig, lm_loss,
+                            make_tokens, make_transformer)
 from helpers.parallel.dp import OPTIMIZERS, BucketedDDP, make_optimizer, shard
 from helpers.parallel.groups import all_reduce_mean, rank_device
 from helpers.parallel.mesh import Coords, Mesh, build_groups
