@@ -260,6 +260,52 @@ def test_second_backward_without_finish_is_refused(ranks, variant):
         assert message and "finish_gradient_synchronization" in message
 
 
+def accumulate(rank, world_size, variant, micro_batches):
+    """One step over `micro_batches` micro-batches of this rank's slice: every backward but the
+    last inside no_sync(), then one synchronisation. Returns the gradients, how many
+    all-reduces the step issued, and the error finishing inside no_sync() raises."""
+    model = dp.wrap(variant, make_mlp(SMALL.with_(seed=rank)), TWO_LAYERS_MB)
+    x = dp.shard(make_batch(SMALL), rank, world_size)
+    pieces = x.chunk(micro_batches)
+    calls, real = [], dist.all_reduce
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    dist.all_reduce = counted
+    try:
+        for piece in pieces[:-1]:
+            with model.no_sync():
+                mlp_loss(model(piece), numel=x.numel()).backward()
+        mlp_loss(model(pieces[-1]), numel=x.numel()).backward()
+        inside = None
+        with model.no_sync():
+            try:
+                model.finish_gradient_synchronization()
+            except RuntimeError as error:
+                inside = str(error)
+        model.finish_gradient_synchronization()
+    finally:
+        dist.all_reduce = real
+    return {"grads": [p.grad.clone() for p in model.parameters()], "launches": len(calls),
+            "inside": inside}
+
+
+@pytest.mark.parametrize("variant", dp.VARIANTS)
+def test_no_sync_accumulates_micro_batches_and_synchronises_once(ranks, variant):
+    ranks.resize(2)
+    model = make_mlp(SMALL)
+    mlp_loss(model(make_batch(SMALL))).backward()  # the whole batch in one process
+    expected = [p.grad for p in model.parameters()]
+    for r in ranks.run(accumulate, variant, 4):
+        torch.testing.assert_close(r["grads"], expected)
+        # one all-reduce per bucket per step, not per micro-batch
+        assert r["launches"] == {"naive": SMALL.layers, "flat": 1, "overlap": SMALL.layers,
+                                 "bucketed": SMALL.layers // 2}[variant]
+        assert r["inside"] and "no_sync" in r["inside"]
+
+
 # --- overlap, from timestamps ------------------------------------------------------------------
 
 def pair_timeline(rank, world_size, variant):

@@ -20,11 +20,15 @@ parameter with no gradient on *any* rank (flag mean 0) keeps `grad = None`, as i
 training. Buckets are always launched in the same order on every rank (a bucket waits for
 the ones before it), because collectives are matched by the order ranks issue them.
 
+Gradient accumulation (micro-batches, as a pipeline runs them): `with model.no_sync():` around
+every backward but the last only adds into `.grad`; the last backward then synchronises once.
+
 Every wrapper takes `group=None` (the whole world): the group's first member broadcasts the
 starting weights, and the gradients are averaged over the group only.
 """
 from __future__ import annotations
 
+import contextlib
 import itertools
 import time
 from dataclasses import dataclass
@@ -146,6 +150,7 @@ class _DataParallel(nn.Module):
         self._bucket_of = {p: b for b in self._buckets for p in b.params}
         self._names = {p: n for n, p in module.named_parameters()}
         self._next = 0  # index of the next bucket to launch
+        self._sync = True  # False inside no_sync(): backward only accumulates
         if self.overlap:
             for p in trainable:
                 p.register_post_accumulate_grad_hook(self._on_gradient_ready)
@@ -167,13 +172,28 @@ class _DataParallel(nn.Module):
         if self.trace is not None:
             self.trace.append(event)
 
+    @contextlib.contextmanager
+    def no_sync(self):
+        """Gradient accumulation: backward passes inside the block only add into `.grad`,
+        nothing is communicated. Run every micro-batch's backward but the last inside it, the
+        last one outside, then `finish_gradient_synchronization()`: one all-reduce per bucket
+        per step, of the gradients summed over the micro-batches (torch DDP's `no_sync`)."""
+        previous, self._sync = self._sync, False
+        try:
+            yield self
+        finally:
+            self._sync = previous
+
     def _on_gradient_ready(self, p: torch.Tensor) -> None:
         now = time.perf_counter()
         self._record(TraceEvent("grad", self._names[p], now, now))
+        if not self._sync:
+            return  # accumulating (no_sync): the bucket fills on the last backward
         bucket = self._bucket_of[p]
         if bucket.pending is not None or bucket.ready == len(bucket.params):
             raise RuntimeError(f"{type(self).__name__}: a second backward before "
-                               "finish_gradient_synchronization(); call it after every backward")
+                               "finish_gradient_synchronization(); call it after every backward, "
+                               "or run the backwards but the last inside no_sync()")
         bucket.ready += 1
         # Launch in bucket order only: every rank must issue collectives in the same order.
         while (self._next < len(self._buckets)
@@ -200,6 +220,9 @@ class _DataParallel(nn.Module):
 
     def finish_gradient_synchronization(self) -> None:
         """Launch what backward has not, wait for everything, average. Call before step()."""
+        if not self._sync:
+            raise RuntimeError(f"{type(self).__name__}: finish_gradient_synchronization() inside "
+                               "no_sync(); leave no_sync() for the last backward, then call it")
         while self._next < len(self._buckets):
             self._launch(self._next)  # buckets with a parameter that got no gradient
         for bucket in self._buckets:

@@ -135,7 +135,7 @@ class _Message(NamedTuple):
     tag: int
 
 
-class _Mailbox:
+class Mailbox:
     """One rank's asynchronous messages inside its pipeline group.
 
     Every message gets a distinct tag per (kind, stage, micro-batch), so activations can
@@ -225,7 +225,7 @@ def pipeline_rank(rank, world_size, schedule: str, m: int, v: int, mode: str, t_
     plan = make_plan(schedule, p, m, me, v)
     last = p * v - 1
     shape = (config.batch // m, config.hidden)
-    mail = _Mailbox(m, v, shape, group)
+    mail = Mailbox(m, v, shape, group)
     compute = mode == "compute"
     if compute:
         model = make_mlp(config)

@@ -71,6 +71,7 @@ class CommRecord:
     payload_bytes: int  # the full buffer n (AR: the tensor; AG: the output; RS: the input)
     t: int              # ranks in the group
     seconds: float
+    start: float = 0.0  # time.perf_counter() when the call began (timelines place it)
 
     @property
     def ring_bytes(self) -> int:
@@ -133,7 +134,7 @@ def _record(op: str, phase: str, tensor: torch.Tensor, start: float, group=None)
         if tensor.is_cuda:  # NCCL returns before the data moved: wait, so time means something
             torch.cuda.synchronize(tensor.device)
         _LOG.append(CommRecord(op, phase, tuple(tensor.shape), tensor.numel() * tensor.element_size(),
-                               group_size(group), time.perf_counter() - start))
+                               group_size(group), time.perf_counter() - start, start))
 
 
 def summarize(log: list[CommRecord]) -> CommSummary:

@@ -1,0 +1,359 @@
+"""3-D parallelism: data × tensor × pipeline at once, on notebook 07's decoder.
+
+On world = d·t·p ranks laid out by `Mesh(d, t, p)` (TP fastest, then DP, then PP):
+
+* pipeline: the rank's pp coordinate is its stage; stage s of p owns blocks
+  [s·L/p, (s+1)·L/p) (`pp.stage_range`), stage 0 also the embedding, the last stage also the
+  head and the loss. Micro-batches run Megatron's 1F1B (`schedules.make_plan("1f1b")`),
+  activations and their gradients, (b, s, h) each, travel through `pp.Mailbox` between the
+  ranks of the PP group with the same (dp, tp) coordinates;
+* tensor: every block of the stage is sharded over the TP group
+  (`tp_transformer.shard_block`: heads split, Megatron's f and g around attention and MLP);
+  embedding, LayerNorms and head stay replicated on it;
+* data: each DP replica (the d ranks with the same (tp, pp)) takes its 1/d of the batch of
+  sequences (`dp.shard`) and cuts it into m micro-batches of b = batch/(d·m) sequences; the
+  stage module is wrapped in `dp.BucketedDDP` on the DP group, and every backward but the
+  last micro-batch's runs inside `no_sync()`, so gradients are all-reduced once per step.
+
+Every micro-batch's loss is `lm_loss(..., numel=batch·s/d)`: they add up to the replica's
+mean over its tokens, and DDP's mean over the d replicas makes it the whole batch's mean, so
+loss, gradients and parameters equal single-process training (`reference_3d`) up to float
+rounding. A rank returns its shards (`Rank3D`), named after the single-process parameters;
+`assemble` puts one DP replica's shards back into whole tensors.
+
+With `timeline=True` a rank also returns what it did when, as `Span`s on the machine-wide
+`time.perf_counter` clock, in seconds from a common start (a world barrier right before the
+recorded step): "compute" (forward and backward, with the TP collectives inside them cut out),
+"tp_comm" (each collective of `helpers.parallel.tp`, from its `counting()` log), "pp_comm"
+(waiting for a micro-batch's activations or gradient, and for the sends at the end) and
+"dp_comm" (waiting for DDP's all-reduces after the last backward).
+"""
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from helpers.checks import check_choice, check_divisible, check_int, check_number
+from helpers.models import (TRANSFORMER, Transformer, TransformerConfig, lm_loss, make_tokens,
+                            make_transformer)
+from helpers.parallel.dp import OPTIMIZERS, BucketedDDP, make_optimizer, shard
+from helpers.parallel.groups import all_reduce_mean
+from helpers.parallel.mesh import Coords, Mesh, build_groups
+from helpers.parallel.pp import Mailbox, stage_range
+from helpers.parallel.schedules import make_plan
+from helpers.parallel.tp import counting
+from helpers.parallel.tp_transformer import check_tensor_degree, shard_block, shard_dim
+
+SPAN_KINDS = ("compute", "tp_comm", "pp_comm", "dp_comm")
+
+
+# ----------------------------------------------------------------------------------------
+# Results.
+# ----------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Span:
+    """An interval of one rank's step, in seconds from the step's common start."""
+    kind: str        # one of SPAN_KINDS
+    start_s: float
+    end_s: float
+    label: str = ""  # "F 2" / "B 2" (micro-batch 2), the collective ("all_reduce forward") …
+
+    @property
+    def duration_s(self) -> float:
+        return self.end_s - self.start_s
+
+
+@dataclass(frozen=True)
+class Shard:
+    """Where a rank's tensor sits in the single-process parameter of the same name: slice
+    `index` of `parts` equal slices along `dim`, or (dim None) the whole of it."""
+    dim: int | None
+    index: int = 0
+    parts: int = 1
+
+    def of(self, whole: torch.Tensor) -> torch.Tensor:
+        """This shard's piece of the whole tensor."""
+        return whole if self.dim is None else whole.chunk(self.parts, self.dim)[self.index]
+
+
+@dataclass
+class Rank3D:
+    """What one rank of `train_3d` brings back (tensors on the CPU)."""
+    rank: int
+    coords: Coords
+    losses: list[float] | None           # last stage: the whole batch's loss, every step
+    grads: dict[str, torch.Tensor] = field(repr=False)   # the last step's, after DDP's mean
+    params: dict[str, torch.Tensor] = field(repr=False)  # after the steps
+    shards: dict[str, Shard] = field(repr=False)         # name -> where grads/params sit
+    timeline: list[Span] | None = field(default=None, repr=False)  # the last step's
+
+    @property
+    def loss(self) -> float | None:
+        """The last step's loss (last pipeline stage only)."""
+        return self.losses[-1] if self.losses else None
+
+
+@dataclass
+class Whole:
+    """Unsharded results: single-process training, or a 3-D run put back together."""
+    losses: list[float]
+    grads: dict[str, torch.Tensor] = field(repr=False)   # the last step's
+    params: dict[str, torch.Tensor] = field(repr=False)  # after the steps
+
+    @property
+    def loss(self) -> float:
+        return self.losses[-1]
+
+
+# ----------------------------------------------------------------------------------------
+# Checks, in the parent.
+# ----------------------------------------------------------------------------------------
+
+def check_3d(d: int, t: int, p: int, m: int, config: TransformerConfig = TRANSFORMER) -> Mesh:
+    """The degrees must cut the model and the batch evenly; returns the mesh."""
+    mesh = Mesh(d, t, p)
+    check_int("m", m)
+    check_tensor_degree(t, config.heads)
+    check_divisible("layers", config.layers, p, f"each of the p={p} pipeline stages gets as "
+                    "many blocks")
+    check_divisible("batch", config.batch, d * m, f"d·m = {d}·{m} micro-batches of equal size")
+    return mesh
+
+
+def _check_training(steps: int, optimizer: str, lr: float | None) -> None:
+    check_int("steps", steps)
+    check_choice("optimizer", optimizer, OPTIMIZERS)
+    if lr is not None:
+        check_number("lr", lr, low=0, low_inclusive=False)
+
+
+# ----------------------------------------------------------------------------------------
+# The stage module.
+# ----------------------------------------------------------------------------------------
+
+class Stage(nn.Module):
+    """Pipeline stage `index` of p: its blocks, TP-sharded over `group`, plus the embedding
+    (stage 0) and the head (last stage). Parameter names are the single-process model's
+    ("embed.tokens.weight", "blocks.5.attn.q.weight", "head.out.weight" …)."""
+
+    def __init__(self, model: Transformer, index: int, p: int, group=None):
+        super().__init__()
+        self.embed = model.embed if index == 0 else None
+        self.blocks = nn.ModuleDict({str(i): shard_block(model.blocks[i], group)
+                                     for i in stage_range(index, p, model.config)})
+        self.head = model.head if index == p - 1 else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Token ids (b, s) on stage 0, else activations (b, s, h) → activations, or logits
+        (b, s, V) on the last stage."""
+        if self.embed is not None:
+            x = self.embed(x)
+        for block in self.blocks.values():
+            x = block(x)
+        return x if self.head is None else self.head(x)
+
+
+def stage_shards(stage: Stage, t: int, tp_rank: int) -> dict[str, Shard]:
+    return {name: Shard(dim, tp_rank, t) if (dim := shard_dim(name)) is not None else Shard(None)
+            for name, _ in stage.named_parameters()}
+
+
+# ----------------------------------------------------------------------------------------
+# The timeline.
+# ----------------------------------------------------------------------------------------
+
+class _Clock:
+    """Records Spans (when enabled) in seconds from `t0`; compute spans are cut around the TP
+    collectives that `log` (tp.counting's list) recorded inside them."""
+
+    def __init__(self, enabled: bool, log: list | None = None):
+        self.enabled, self.log = enabled, log
+        self.spans: list[Span] = []
+        self.t0 = 0.0
+
+    @contextlib.contextmanager
+    def span(self, kind: str, label: str = ""):
+        if not self.enabled:
+            yield
+            return
+        seen, start = len(self.log), time.perf_counter()
+        yield
+        end = time.perf_counter()
+        if kind != "compute":
+            self.spans.append(Span(kind, start - self.t0, end - self.t0, label))
+            return
+        for record in self.log[seen:]:  # compute, collective, compute, …
+            self.spans.append(Span("compute", start - self.t0, record.start - self.t0, label))
+            start = record.start + record.seconds
+            self.spans.append(Span("tp_comm", record.start - self.t0, start - self.t0,
+                                   f"{record.op} {record.phase}"))
+        self.spans.append(Span("compute", start - self.t0, end - self.t0, label))
+
+
+# ----------------------------------------------------------------------------------------
+# The rank function.
+# ----------------------------------------------------------------------------------------
+
+def _pipeline_step(model: BucketedDDP, plan, stage: int, p: int, inputs, targets, numel: int,
+                   mail: Mailbox, clock: _Clock) -> float | None:
+    """One step's forwards and backwards through this stage (1F1B plan); gradients are left
+    accumulated in `.grad`, DDP synchronising on the last backward. Returns the replica's
+    loss on the last stage."""
+    last = p - 1
+    final_backward = max(i for i, a in enumerate(plan) if a.kind == "B")
+    saved, loss = {}, 0.0
+    for i, a in enumerate(plan):
+        if i + 1 < len(plan):
+            mail.post(plan[i + 1])  # the next input travels while this action runs
+        with clock.span("pp_comm", f"wait {a.kind} {a.mb}"):
+            received = mail.take(a)
+        if a.kind == "F":
+            with clock.span("compute", f"F {a.mb}"):
+                inp = inputs[a.mb] if stage == 0 else received.requires_grad_()
+                out = model(inp)
+                if stage == last:
+                    out = lm_loss(out, targets[a.mb], numel=numel)
+                    loss += out.item()
+            saved[a.mb] = (inp, out)
+            if stage < last:
+                mail.send(out.detach(), stage + 1, "F", a.mb)
+        else:
+            inp, out = saved.pop(a.mb)
+            sync = contextlib.nullcontext() if i == final_backward else model.no_sync()
+            with sync, clock.span("compute", f"B {a.mb}"):
+                out.backward(None if stage == last else received)
+            if stage > 0:
+                mail.send(inp.grad, stage - 1, "B", a.mb)
+    with clock.span("pp_comm", "sends"):
+        mail.flush()
+    return loss if stage == last else None
+
+
+def _cpu(named) -> dict[str, torch.Tensor]:
+    return {name: tensor.detach().to("cpu", copy=True) for name, tensor in named}
+
+
+def train_3d(rank: int, world_size: int, d: int, t: int, p: int, m: int,
+             config: TransformerConfig = TRANSFORMER, steps: int = 1, lr: float | None = None,
+             optimizer: str = "adamw", timeline: bool = False,
+             bucket_size_mb: float = 25.0) -> Rank3D:
+    """Rank function: `steps` training steps of `make_transformer(config)` on
+    `make_tokens(config)` with d-way data, t-way tensor and p-way pipeline parallelism
+    (1F1B over m micro-batches per DP replica). `optimizer`/`lr` as in `dp.make_optimizer`
+    (lr None: the course's default for that optimizer)."""
+    mesh = check_3d(d, t, p, m, config)
+    mesh.check_world_size(world_size)
+    _check_training(steps, optimizer, lr)
+    groups = build_groups(mesh)
+    me = mesh.coords(rank)
+    try:
+        stage = Stage(make_transformer(config), me.pp, p, groups.tp)
+        shards = stage_shards(stage, t, me.tp)
+        model = BucketedDDP(stage, bucket_size_mb, group=groups.dp)
+        opt = make_optimizer(optimizer, model.parameters(), lr)
+        tokens = make_tokens(config)
+        inputs = shard(tokens.inputs, me.dp, d).chunk(m)
+        targets = shard(tokens.targets, me.dp, d).chunk(m)
+        numel = config.tokens // d
+        plan = make_plan("1f1b", p, m, me.pp)
+        b = config.batch // (d * m)
+        losses, spans = [], None
+        for step in range(steps):
+            recording = timeline and step == steps - 1
+            with counting() as log:
+                clock = _Clock(recording, log)
+                if recording:
+                    dist.barrier()
+                    clock.t0 = time.perf_counter()
+                mail = Mailbox(m, 1, (b, config.seq, config.hidden), groups.pp)
+                loss = _pipeline_step(model, plan, me.pp, p, inputs, targets, numel, mail, clock)
+                with clock.span("dp_comm", "finish_gradient_synchronization"):
+                    model.finish_gradient_synchronization()
+            grads = _cpu((n, q.grad) for n, q in stage.named_parameters())
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            if loss is not None:  # the whole batch's: the mean of the replicas' means
+                losses.append(all_reduce_mean(torch.tensor(loss), groups.dp).item())
+            spans = clock.spans if recording else spans
+        return Rank3D(rank, me, losses if me.pp == p - 1 else None, grads,
+                      _cpu(stage.named_parameters()), shards, spans)
+    finally:
+        for group in groups:
+            dist.destroy_process_group(group)
+
+
+def run_3d(ranks, d: int, t: int, p: int, m: int, config: TransformerConfig = TRANSFORMER,
+           steps: int = 1, lr: float | None = None, optimizer: str = "adamw",
+           timeline: bool = False, bucket_size_mb: float = 25.0) -> list[Rank3D]:
+    """Check everything in the parent, then run `train_3d` on d·t·p live (gloo) ranks."""
+    mesh = check_3d(d, t, p, m, config)
+    _check_training(steps, optimizer, lr)
+    check_number("bucket_size_mb", bucket_size_mb, low=0, low_inclusive=False, unit="MiB")
+    ranks.resize(mesh.world)
+    return ranks.run(train_3d, d, t, p, m, config, steps, lr, optimizer, timeline,
+                     bucket_size_mb)
+
+
+# ----------------------------------------------------------------------------------------
+# Parent side: put the shards together; the single-process yardstick.
+# ----------------------------------------------------------------------------------------
+
+def _whole_tensors(results: list[Rank3D], which: str) -> dict[str, torch.Tensor]:
+    pieces: dict[str, list[tuple[Shard, torch.Tensor]]] = {}
+    for r in results:  # rank order: stage 0 first, so names come in the model's order
+        for name, tensor in getattr(r, which).items():
+            pieces.setdefault(name, []).append((r.shards[name], tensor))
+    whole = {}
+    for name, parts in pieces.items():
+        dim = parts[0][0].dim
+        if dim is None:
+            whole[name] = parts[0][1]
+        else:
+            by_index = {s.index: x for s, x in parts}
+            whole[name] = torch.cat([by_index[i] for i in range(parts[0][0].parts)], dim=dim)
+    return whole
+
+
+def assemble(results: list[Rank3D]) -> Whole:
+    """Whole gradients and parameters from DP replica 0's shards (every replica holds the
+    same: `replicas_agree`), and the last stage's losses."""
+    replica = [r for r in results if r.coords.dp == 0]
+    losses = next(r.losses for r in results if r.losses is not None)
+    return Whole(losses, _whole_tensors(replica, "grads"), _whole_tensors(replica, "params"))
+
+
+def replicas_agree(results: list[Rank3D]) -> bool:
+    """Every copy of a tensor is bit for bit the same: the DP replicas of each shard, and on
+    a TP group the replicated parameters (embeddings, LayerNorms, head) and their gradients."""
+    first: dict[tuple, torch.Tensor] = {}
+    for r in results:
+        for which in ("grads", "params"):
+            for name, tensor in getattr(r, which).items():
+                key = (which, name, r.shards[name])
+                if not torch.equal(first.setdefault(key, tensor), tensor):
+                    return False
+    return True
+
+
+def reference_3d(config: TransformerConfig = TRANSFORMER, steps: int = 1,
+                 optimizer: str = "adamw", lr: float | None = None) -> Whole:
+    """The same training in one process on the whole batch, unsharded."""
+    _check_training(steps, optimizer, lr)
+    model = make_transformer(config)
+    opt = make_optimizer(optimizer, model.parameters(), lr)
+    inputs, targets = make_tokens(config)
+    losses = []
+    for _ in range(steps):
+        loss = lm_loss(model(inputs), targets)
+        loss.backward()
+        grads = _cpu((n, q.grad) for n, q in model.named_parameters())
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        losses.append(loss.item())
+    return Whole(losses, grads, _cpu(model.named_parameters()))
