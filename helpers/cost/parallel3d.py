@@ -176,16 +176,20 @@ def activation_bytes(layout: Layout, config) -> int:
 
 @dataclass(frozen=True)
 class Calibration:
-    """What the machine measured once: FLOP/s of one rank at each `Shape` (while every rank
-    computes at once), and α–β fits of all-reduce by group size and of one p2p hop."""
+    """What the machine measured: FLOP/s of one rank at each `Shape` computing alone, the
+    cores the ranks effectively share (`cores`: world · t_alone / t_all, from the same shapes
+    timed on every rank at once), and α–β fits of all-reduce by group size and of one p2p hop."""
     flops_per_s: Mapping[Shape, float]
+    cores: float
     all_reduce: Mapping[int, Fit]     # group size → fit of op "all_reduce"
     send_recv: Fit                    # one message to a neighbour (op "send_recv")
 
-    def seconds(self, shape: Shape, config) -> float:
+    def seconds(self, shape: Shape, config, busy: float = 1.0) -> float:
+        """One piece's time while `busy` ranks compute at once: the ranks share the cores
+        evenly, so beyond `cores` ranks each one slows down by busy / cores."""
         if shape not in self.flops_per_s:
             raise ValueError(f"no calibrated rate for {shape}: calibrate the layouts you predict")
-        return shape_flops(shape, config) / self.flops_per_s[shape]
+        return shape_flops(shape, config) / self.flops_per_s[shape] * max(1.0, busy / self.cores)
 
     def all_reduce_s(self, ranks: int, nbytes: float) -> float:
         if ranks == 1:
@@ -193,6 +197,15 @@ class Calibration:
         if ranks not in self.all_reduce:
             raise ValueError(f"no all_reduce fit for groups of {ranks}: have {sorted(self.all_reduce)}")
         return self.all_reduce[ranks].predict(ranks, nbytes)
+
+
+def busy_ranks(layout: Layout) -> float:
+    """How many ranks compute at once, on average while any does: all of them without a
+    pipeline (data and tensor parallel ranks compute in lockstep); with one, the fraction of
+    rank-time that is not bubble, world · (1 − bubble_theory(p, m))."""
+    if layout.p == 1:
+        return float(layout.world)
+    return layout.world * (1 - bubble_theory(layout.p, layout.m))
 
 
 @dataclass(frozen=True)
@@ -229,7 +242,8 @@ class Prediction:
 def predict(layout: Layout, config, calibration: Calibration) -> Prediction:
     """One step of `layout`, from the counts above and the calibration.
 
-    Per stage j and micro-batch: T_j = Σ pieces' compute + 4 TP all-reduces per block (2
+    Per stage j and micro-batch: T_j = Σ pieces' compute (at the rate of `busy_ranks`
+    sharing the cores) + 4 TP all-reduces per block (2
     forward, 2 backward) of the (b, s, h) activation on t ranks. The schedule (GPipe or
     1F1B: the same length) runs Σ_j T_j + (m−1)·max_j T_j: the slowest stage's m
     micro-batches back to back, plus the fill and drain of the others, (p−1)·T̄, which is
@@ -243,15 +257,15 @@ def predict(layout: Layout, config, calibration: Calibration) -> Prediction:
     d, t, p, m = layout.d, layout.t, layout.p, layout.m
     act = activation_bytes(layout, config)
     blocks = config.layers // p
+    busy = busy_ranks(layout)
     compute, tp, stage = [], [], []
     for j in range(p):
-        c = sum(calibration.seconds(s, config) for s in stage_shapes(layout, config, j))
+        c = sum(calibration.seconds(s, config, busy) for s in stage_shapes(layout, config, j))
         comm = 4 * blocks * calibration.all_reduce_s(t, act)
         compute.append(m * c)
         tp.append(m * comm)
         stage.append(c + comm)
     slowest = max(stage)
-    busy = m * slowest
     if p > 1:
         others = (sum(stage) - slowest) / (p - 1)
         b = bubble_theory(p, m)
@@ -261,7 +275,7 @@ def predict(layout: Layout, config, calibration: Calibration) -> Prediction:
         bubble = p2p = 0.0
     dp = [calibration.all_reduce_s(d, BYTES_PER_FLOAT * stage_parameters(layout, config, j))
           for j in range(p)]
-    step = busy + bubble + p2p + max(dp)
+    step = m * slowest + bubble + p2p + max(dp)
     mean = statistics.fmean
     parts = Breakdown(compute_s=mean(compute), tp_comm_s=mean(tp), dp_comm_s=mean(dp),
                       bubble_p2p_s=step - mean(compute) - mean(tp) - mean(dp))
