@@ -7,6 +7,7 @@ import matplotlib.pyplot as plt
 from IPython.display import display
 
 from helpers.cost.parallel3d import Breakdown, Comparison, Layout, layout_problem, predict
+from helpers.parallel.layouts import run_layout
 from helpers.parallel.mesh import factorizations
 
 _COLOURS = {"compute": "tab:blue", "tp_comm": "tab:orange", "pp_comm": "tab:green",
@@ -74,8 +75,6 @@ def widget_parallel3d(live, calibration, config, steps: int = 2):
     """Choose d, t, p (only factorizations of the live world size) and m (only those that
     split the batch), run the layout on the live ranks, show its measured and predicted
     breakdown and the Gantt chart of its ranks."""
-    from helpers.parallel.layouts import run_layout  # torch: loaded once the widget is built
-
     world = live.world_size
     meshes = [mesh for mesh in factorizations(world)
               if layout_problem(Layout(mesh.d, mesh.t, mesh.p), config) is None]
