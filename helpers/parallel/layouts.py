@@ -93,7 +93,7 @@ def calibrate(rank: int, world_size: int, layouts=LAYOUTS_4,
     (forward + backward), each all-reduce they call (the activation on TP groups, the
     gradients on DP groups, groups side by side as in the layouts) and one p2p hop of each
     activation size (ping-pong between ranks 2i and 2i+1, halved). Every value is the
-    slowest rank's median over `repeat` calls."""
+    slowest rank's median over `repeat` calls (compute: the mean over ranks)."""
     generator = torch.Generator().manual_seed(rank)
     compute, alone = {}, {}
     for shape in shapes_used(layouts, config):
@@ -103,7 +103,7 @@ def calibrate(rank: int, world_size: int, layouts=LAYOUTS_4,
         targets = torch.randint(config.vocab, (rows, config.seq), generator=generator)
         step = lambda: piece.loss(x, targets).backward()  # noqa: E731
         dist.barrier()
-        compute[shape] = _slowest(_median_seconds(step, repeat))
+        compute[shape] = _mean(_median_seconds(step, repeat))
         dist.barrier()
         seconds = torch.tensor([_median_seconds(step, repeat) if rank == 0 else 0.0],
                                dtype=torch.float64)
@@ -139,6 +139,14 @@ def _collectives_used(layouts, config) -> list[tuple[int, int]]:
     return sorted(used)
 
 
+def _mean(seconds: float) -> float:
+    """The mean over ranks (what a rank's compute takes on average; the wait for the slowest
+    shows up in the collective that follows, as it does in a measured step)."""
+    value = torch.tensor([seconds], dtype=torch.float64)
+    dist.all_reduce(value)
+    return float(value) / dist.get_world_size()
+
+
 def _slowest(seconds: float) -> float:
     """The slowest rank's value (what the others wait for)."""
     value = torch.tensor([seconds], dtype=torch.float64)
@@ -159,7 +167,7 @@ def fit_calibration(rounds: list[CalibrationPoints],
             for i, c in enumerate(rounds[0].comm)]
     rates = {shape: shape_flops(shape, config) / s for shape, s in alone.items()}
     # the cores the ranks share: all of them at once take world/cores times as long as one alone
-    cores = statistics.median(world * alone[s] / compute[s] for s in compute)
+    cores = world * sum(alone.values()) / sum(compute.values())
     groups = sorted({c.ranks for c in comm if c.op == "all_reduce"})
     all_reduce = {g: _fit("all_reduce", [c for c in comm if c.op == "all_reduce" and c.ranks == g])
                   for g in groups}
