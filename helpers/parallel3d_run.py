@@ -13,7 +13,6 @@ slowest rank's step time.
 from __future__ import annotations
 
 import argparse
-import sys
 
 import torch.distributed as dist
 
@@ -47,11 +46,10 @@ def main(argv: list[str] | None = None) -> int:
             for step, loss in enumerate(losses):
                 print(f"  step {step}: loss {loss!r}")
             print(f"  last step: {max(s for _, s in gathered):.3f} s (slowest rank)")
-        dist.barrier()
-    finally:
+    finally:  # gather_object was the last collective: every rank is past it
         dist.destroy_process_group()
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())
