@@ -1,0 +1,239 @@
+"""3-D parallelism (helpers.parallel.parallel3d, tp_transformer) against single-process training
+of the same decoder, on real gloo ranks: every factorization of 4 ranks and 2·2·2 on 8, and the
+same model through PyTorch's DeviceMesh / parallelize_module / fully_shard / pipelining."""
+import pytest
+import torch
+import torch.distributed as dist
+
+from helpers.models import TRANSFORMER, lm_loss, make_tokens, make_transformer
+from helpers.parallel import parallel3d as p3
+from helpers.parallel.groups import split_groups
+from helpers.parallel.mesh import factorizations
+from helpers.parallel.tp_transformer import SHARDED_DIMS, shard_block, shard_dim
+from helpers.ranks import LiveRanks, RankError
+
+# heads divisible by every t (up to 4), layers by every p, batch by every d·m (m = 2).
+SMALL = TRANSFORMER.with_(vocab=128, hidden=64, heads=4, layers=4, seq=16, batch=8)
+M = 2
+# AdamW's step divides each element by its own gradient's magnitude: an element whose gradient
+# is ~0 moves by up to lr on float rounding alone (1 in 4096 elements at lr = 1e-2 lands 3e-5
+# off). At lr = 1e-3 that stays inside assert_close's float32 atol (1e-5), while every
+# parameter still moves by about lr, 100× the tolerance.
+LR = 1e-3
+FOUR = [(m.d, m.t, m.p) for m in factorizations(4)]
+PAIRS = [[0, 1], [2, 3]]
+
+
+@pytest.fixture(scope="module")
+def four():
+    with LiveRanks(4, backend="gloo", timeout=60) as live:
+        yield live
+
+
+@pytest.fixture(scope="module")
+def eight():
+    with LiveRanks(8, backend="gloo", timeout=120) as live:
+        yield live
+
+
+@pytest.fixture(scope="module")
+def one_step():
+    return p3.reference_3d(SMALL, steps=1)
+
+
+@pytest.fixture(scope="module")
+def two_steps():
+    return p3.reference_3d(SMALL, steps=2, lr=LR)
+
+
+def assert_matches(whole: p3.Whole, reference: p3.Whole, params: bool = False):
+    """Loss, every gradient (and parameter) within assert_close's float32 tolerances."""
+    torch.testing.assert_close(torch.tensor(whole.losses), torch.tensor(reference.losses))
+    assert list(whole.grads) == list(reference.grads)  # every parameter, in the model's order
+    for name, grad in reference.grads.items():
+        torch.testing.assert_close(whole.grads[name], grad, msg=lambda m, n=name: f"{n}: {m}")
+    if params:
+        assert list(whole.params) == list(reference.params)
+        for name, param in reference.params.items():
+            torch.testing.assert_close(whole.params[name], param,
+                                       msg=lambda m, n=name: f"{n}: {m}")
+
+
+# --- ours: every factorization ------------------------------------------------------------
+
+def test_the_four_rank_factorizations_are_the_six_of_the_issue():
+    assert sorted(FOUR) == sorted([(4, 1, 1), (1, 4, 1), (1, 1, 4), (2, 2, 1), (2, 1, 2),
+                                   (1, 2, 2)])
+
+
+@pytest.mark.parametrize("d,t,p", FOUR)
+def test_loss_and_every_gradient_match_single_process(four, one_step, d, t, p):
+    results = p3.run_3d(four, d, t, p, M, SMALL)
+    assert_matches(p3.assemble(results), one_step)
+    assert p3.replicas_agree(results)
+    # the loss lives on the last stage only
+    assert [r.loss is not None for r in results] == [r.coords.pp == p - 1 for r in results]
+
+
+@pytest.mark.parametrize("d,t,p", FOUR)
+def test_parameters_after_two_adamw_steps_match(four, two_steps, d, t, p):
+    results = p3.run_3d(four, d, t, p, M, SMALL, steps=2, optimizer="adamw", lr=LR)
+    assert_matches(p3.assemble(results), two_steps, params=True)
+    moved = max((two_steps.params[n] - q).abs().max().item()
+                for n, q in make_transformer(SMALL).named_parameters())
+    assert moved > LR / 2  # far outside the tolerance: a wrong update could not hide
+
+
+def test_2x2x2_on_eight_ranks_matches_loss_gradients_and_parameters(eight, two_steps):
+    results = p3.run_3d(eight, 2, 2, 2, M, SMALL, steps=2, lr=LR)
+    assert_matches(p3.assemble(results), two_steps, params=True)
+    assert p3.replicas_agree(results)
+
+
+def test_shards_are_named_after_the_parameter_they_slice(four, one_step):
+    results = p3.run_3d(four, 1, 2, 2, M, SMALL)
+    for r in results:
+        for name, grad in r.grads.items():
+            shard = r.shards[name]
+            assert shard.dim == shard_dim(name)
+            assert shard.index == (r.coords.tp if shard.dim is not None else 0)
+            assert shard.of(one_step.grads[name]).shape == grad.shape
+    stage0 = {n for r in results if r.coords.pp == 0 for n in r.grads}
+    last = {n for r in results if r.coords.pp == 1 for n in r.grads}
+    assert "embed.tokens.weight" in stage0 and "head.out.weight" in last
+    assert {n for n in stage0 if n.startswith("blocks.")} == {
+        n for n in one_step.grads if n.startswith(("blocks.0.", "blocks.1."))}
+
+
+# --- tensor parallelism alone -------------------------------------------------------------
+
+def test_replicated_parameters_get_identical_gradients_on_the_tp_group(four):
+    results = p3.run_3d(four, 1, 4, 1, M, SMALL)
+    replicated = [n for n in results[0].grads if shard_dim(n) is None]
+    assert {"embed.tokens.weight", "blocks.0.attn_norm.weight", "blocks.3.mlp_norm.bias",
+            "head.norm.weight", "head.out.weight"} <= set(replicated)
+    for name in replicated:  # bit for bit, with no collective of their own
+        assert results[0].grads[name].abs().max() > 0, name
+        for r in results[1:]:
+            assert torch.equal(r.grads[name], results[0].grads[name]), name
+    # and every sharded weight is cut: each of the 4 ranks holds a quarter of it
+    whole = dict(make_transformer(SMALL).named_parameters())
+    sharded = [n for n in results[0].grads if shard_dim(n) is not None]
+    assert len(sharded) == len(SHARDED_DIMS) * SMALL.layers
+    for name in sharded:
+        assert 4 * results[0].grads[name].shape[shard_dim(name)] == \
+            whole[name].shape[shard_dim(name)]
+
+
+def pair_block(rank, world_size):
+    """Two independent TP groups of 2 side by side, each sharding its own seed's block."""
+    group = split_groups(PAIRS)
+    config = SMALL.with_(seed=rank // 2)
+    block = shard_block(make_transformer(config).blocks[0], group)
+    x = make_transformer(config).embed(make_tokens(config).inputs).detach().requires_grad_()
+    out = block(x)
+    out.square().mean().backward()
+    return {"out": out.detach(), "x_grad": x.grad,
+            "grads": {n: q.grad for n, q in block.named_parameters()}}
+
+
+def test_two_tp_groups_of_two_each_match_their_own_block(four):
+    results = four.resize(4).run(pair_block)
+    for pair, members in enumerate(PAIRS):
+        config = SMALL.with_(seed=pair)
+        block = make_transformer(config).blocks[0]
+        x = make_transformer(config).embed(make_tokens(config).inputs).detach().requires_grad_()
+        out = block(x)
+        out.square().mean().backward()
+        for r in (results[i] for i in members):
+            torch.testing.assert_close(r["out"], out.detach())
+            torch.testing.assert_close(r["x_grad"], x.grad)
+        for name, q in block.named_parameters():
+            dim = shard_dim(name)
+            pieces = [results[i]["grads"][name] for i in members]
+            whole = pieces[0] if dim is None else torch.cat(pieces, dim=dim)
+            torch.testing.assert_close(whole, q.grad, msg=lambda m, n=name: f"{n}: {m}")
+    assert not torch.equal(results[0]["out"], results[2]["out"])  # the pairs stayed apart
+
+
+# --- the timeline -------------------------------------------------------------------------
+
+def test_timeline_has_every_kind_of_span_in_order(eight):
+    d, t, p = 2, 2, 2
+    results = p3.run_3d(eight, d, t, p, M, SMALL, steps=2, timeline=True)
+    blocks = SMALL.layers // p
+    for r in results:
+        spans = r.timeline
+        assert all(isinstance(s, p3.Span) and s.kind in p3.SPAN_KINDS for s in spans)
+        assert {s.kind for s in spans} == set(p3.SPAN_KINDS)
+        assert all(s.start_s >= 0 and s.end_s >= s.start_s for s in spans)
+        ordered = sorted(spans, key=lambda s: s.start_s)
+        for a, b in zip(ordered, ordered[1:]):  # one thing at a time on a rank
+            assert b.start_s >= a.end_s - 1e-9, (a, b)
+        # Megatron: 2 all-reduces per block forward (g) and 2 backward (f), per micro-batch
+        assert sum(s.kind == "tp_comm" for s in spans) == 4 * blocks * M
+        assert sum(s.kind == "dp_comm" for s in spans) == 1  # DDP waits once per step
+        labels = {s.label for s in spans if s.kind == "compute"}
+        assert labels == {f"{k} {mb}" for k in "FB" for mb in range(M)}
+    assert all(r.timeline is None for r in p3.run_3d(eight, d, t, p, M, SMALL))
+
+
+# --- PyTorch's own pieces -----------------------------------------------------------------
+
+def test_torch_device_mesh_tp_fsdp2_and_pipelining_together_on_8_ranks(eight, one_step):
+    """All three of PyTorch's pieces run on gloo in torch 2.13: same loss and gradients."""
+    results = p3.run_torch_3d(eight, 2, 2, 2, M, SMALL, data_parallel="fsdp")
+    assert_matches(p3.assemble(results), one_step)
+
+
+@pytest.mark.parametrize("d,t,p", [(2, 2, 1), (2, 1, 2), (1, 2, 2)])
+def test_torch_pieces_two_at_a_time_on_4_ranks(four, two_steps, d, t, p):
+    results = p3.run_torch_3d(four, d, t, p, M, SMALL, steps=2, lr=LR, data_parallel="fsdp")
+    assert_matches(p3.assemble(results), two_steps, params=True)
+
+
+def test_torch_ddp_with_pipelining_runs_one_step_only(four, one_step):
+    results = p3.run_torch_3d(four, 2, 1, 2, M, SMALL, data_parallel="ddp")
+    assert_matches(p3.assemble(results), one_step)
+    with pytest.raises(RankError, match=p3.DDP_WITH_PP_ERROR):
+        p3.run_torch_3d(four, 2, 1, 2, M, SMALL, steps=2, data_parallel="ddp")
+
+
+def test_torch_ddp_around_tensor_parallel_dtensors_fails_on_gloo(four):
+    """DDP × TP does not run: DDP's broadcast of the starting weights concatenates plain
+    tensors with TP's DTensors (torch 2.13, gloo)."""
+    with pytest.raises(RankError) as error:
+        p3.run_torch_3d(four, 2, 2, 1, M, SMALL, data_parallel="ddp")
+    assert p3.DDP_WITH_TP_ERROR in str(error.value)
+
+
+# --- bad input ----------------------------------------------------------------------------
+
+def test_bad_arguments_fail_in_the_parent_before_any_rank_starts():
+    idle = LiveRanks(4, backend="gloo")
+    with pytest.raises(ValueError, match="heads"):
+        p3.run_3d(idle, 1, 3, 1, M, SMALL.with_(heads=2, hidden=64))
+    with pytest.raises(ValueError, match="layers"):
+        p3.run_3d(idle, 1, 1, 3, M, SMALL)
+    with pytest.raises(ValueError, match="batch"):
+        p3.run_3d(idle, 2, 1, 2, 3, SMALL)
+    with pytest.raises(ValueError, match="optimizer"):
+        p3.run_3d(idle, 1, 1, 4, M, SMALL, optimizer="lion")
+    with pytest.raises(ValueError, match="steps"):
+        p3.run_3d(idle, 1, 1, 4, M, SMALL, steps=0)
+    with pytest.raises(ValueError, match="m must be >= 4"):
+        p3.run_torch_3d(idle, 1, 1, 4, 2, SMALL)
+    with pytest.raises(ValueError, match="data_parallel"):
+        p3.run_torch_3d(idle, 2, 1, 2, 2, SMALL, data_parallel="zero")
+    assert idle.pids == []
+    idle.close()
+
+
+def test_reference_is_plain_training():
+    reference = p3.reference_3d(SMALL)
+    model = make_transformer(SMALL)
+    loss = lm_loss(model(make_tokens(SMALL).inputs), make_tokens(SMALL).targets)
+    loss.backward()
+    assert reference.loss == loss.item()
+    assert all(torch.equal(reference.grads[n], q.grad) for n, q in model.named_parameters())
+    assert not dist.is_initialized()
