@@ -96,6 +96,7 @@ def mlp_loss(output: torch.Tensor, numel: int | None = None) -> torch.Tensor:
 from typing import NamedTuple  # noqa: E402
 
 from helpers.checks import check_divisible  # noqa: E402
+from helpers.cost.parallel3d import TransformerFlops, forward_flops  # noqa: E402
 
 @dataclass(frozen=True)
 class TransformerConfig:
@@ -298,33 +299,8 @@ def lm_loss(logits: torch.Tensor, targets: torch.Tensor, numel: int | None = Non
     return total / (targets.numel() if numel is None else numel)
 
 
-@dataclass(frozen=True)
-class TransformerFlops:
-    """Forward FLOPs of one step (the whole batch), by part; a matmul (m×k)·(k×n) is 2·m·n·k.
-
-    With n = batch·s tokens: one block's Linears are 24·n·h² (Q, K, V, out: 8·n·h²; MLP:
-    16·n·h²), its attention 4·n·s·h (QKᵀ and AV over the full s×s scores: the math kernel
-    computes the masked half too), the LM head 2·n·h·V. LayerNorm, GELU, softmax and the
-    embedding lookups are not matmuls and are not counted. Backward is about 2× forward.
-    """
-    block_linears: int
-    block_attention: int
-    head: int
-    layers: int
-
-    @property
-    def block(self) -> int:
-        """One decoder block: what a pipeline stage pays per block it holds."""
-        return self.block_linears + self.block_attention
-
-    @property
-    def total(self) -> int:
-        return self.layers * self.block + self.head
-
-
 def transformer_flops(config: TransformerConfig = TRANSFORMER) -> TransformerFlops:
-    """Forward FLOPs per step of `make_transformer(config)` on `make_tokens(config)`
-    (arithmetic only)."""
-    n, h, s = config.tokens, config.hidden, config.seq
-    return TransformerFlops(block_linears=24 * n * h * h, block_attention=4 * n * s * h,
-                            head=2 * n * h * config.vocab, layers=config.layers)
+    """Forward FLOPs per step of `make_transformer(config)` on `make_tokens(config)`: the
+    formula lives in `helpers.cost.parallel3d` (arithmetic only, no torch)."""
+    return forward_flops(tokens=config.tokens, hidden=config.hidden, seq=config.seq,
+                         vocab=config.vocab, layers=config.layers)

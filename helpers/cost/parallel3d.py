@@ -1,0 +1,365 @@
+"""What a 3-D layout (d, t, p, m) of notebook 07's decoder should cost: pure arithmetic.
+
+One step of `helpers.parallel.parallel3d.train_3d` on d·t·p ranks, predicted from three
+calibrated numbers and the counts of its work:
+
+* compute: the FLOPs of a rank's share (`forward_flops`, backward = 2 × forward), over the
+  FLOP/s one rank reaches at its thread count *while every rank computes at once* (on a
+  machine with fewer cores than ranks that is the honest rate: the ranks share the cores);
+* TP and DP communication: every collective the layout calls, priced by
+  `helpers.cost.alpha_beta.predict` with α–β fitted on the live ranks on that group size;
+* the pipeline: the fill and drain of the schedule, `helpers.cost.bubble.bubble_theory`,
+  plus the point-to-point hops of the activations and their gradients.
+
+Notation: p pipeline stages, m micro-batches, t tensor degree, d data degree, b micro-batch
+(sequences), s sequence length, h hidden width. Model sizes come as any object with the
+attributes of `helpers.models.TransformerConfig` (vocab, hidden, heads, layers, seq,
+batch): this module reads numbers only and imports no torch.
+"""
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+from typing import Iterable, Mapping
+
+from helpers.checks import check_int, check_number
+from helpers.cost.alpha_beta import Fit, relative_error
+from helpers.cost.bubble import bubble_theory
+
+BYTES_PER_FLOAT = 4  # float32 activations, gradients and weights
+
+
+# ----------------------------------------------------------------------------------------
+# FLOPs of the decoder (the one definition; helpers.models.transformer_flops calls it).
+# ----------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class TransformerFlops:
+    """Forward FLOPs of one step (the whole batch), by part; a matmul (m×k)·(k×n) is 2·m·n·k.
+
+    With n = batch·s tokens: one block's Linears are 24·n·h² (Q, K, V, out: 8·n·h²; MLP:
+    16·n·h²), its attention 4·n·s·h (QKᵀ and AV over the full s×s scores: the math kernel
+    computes the masked half too), the LM head 2·n·h·V. LayerNorm, GELU, softmax and the
+    embedding lookups are not matmuls and are not counted. Backward is about 2× forward.
+    """
+    block_linears: int
+    block_attention: int
+    head: int
+    layers: int
+
+    @property
+    def block(self) -> int:
+        """One decoder block: what a pipeline stage pays per block it holds."""
+        return self.block_linears + self.block_attention
+
+    @property
+    def total(self) -> int:
+        return self.layers * self.block + self.head
+
+
+def forward_flops(tokens: int, hidden: int, seq: int, vocab: int, layers: int) -> TransformerFlops:
+    """Forward FLOPs of the decoder on `tokens` tokens (sequences of length `seq`)."""
+    n, h, s = tokens, hidden, seq
+    return TransformerFlops(block_linears=24 * n * h * h, block_attention=4 * n * s * h,
+                            head=2 * n * h * vocab, layers=layers)
+
+
+# ----------------------------------------------------------------------------------------
+# Layouts.
+# ----------------------------------------------------------------------------------------
+
+@dataclass(frozen=True, order=True)
+class Layout:
+    """d-way data × t-way tensor × p-way pipeline parallelism, m micro-batches per step."""
+    d: int
+    t: int
+    p: int
+    m: int = 1
+
+    def __post_init__(self):
+        for name in ("d", "t", "p", "m"):
+            check_int(name, getattr(self, name))
+
+    @property
+    def world(self) -> int:
+        return self.d * self.t * self.p
+
+    def __str__(self) -> str:
+        return f"{self.d}·{self.t}·{self.p} m={self.m}"
+
+
+# The six ways to lay 4 ranks out, each with m = 4 micro-batches where there is a pipeline
+# to fill (m = 1 otherwise: without a pipeline, micro-batches only shrink the matmuls).
+LAYOUTS_4 = (Layout(4, 1, 1), Layout(1, 4, 1), Layout(1, 1, 4, 4),
+             Layout(2, 2, 1), Layout(2, 1, 2, 4), Layout(1, 2, 2, 4))
+
+
+def layout_problem(layout: Layout, config) -> str | None:
+    """Why `layout` cannot run `config` (in the wording of helpers.checks), or None if it can:
+    t must divide the heads, p the blocks, d·m the sequences of the batch."""
+    for name, value, by, why in (
+            ("heads", config.heads, layout.t, f"each of the t={layout.t} TP ranks keeps whole heads"),
+            ("layers", config.layers, layout.p, f"each of the p={layout.p} stages gets as many blocks"),
+            ("batch", config.batch, layout.d * layout.m,
+             f"d·m = {layout.d}·{layout.m} equal micro-batches of whole sequences")):
+        if value % by:
+            return f"{name} must be a multiple of {by} ({why}), got {value}"
+    return None
+
+
+def check_layout(layout: Layout, config) -> Layout:
+    problem = layout_problem(layout, config)
+    if problem:
+        raise ValueError(problem)
+    return layout
+
+
+# ----------------------------------------------------------------------------------------
+# The work of one rank: what the cost model counts.
+# ----------------------------------------------------------------------------------------
+
+@dataclass(frozen=True, order=True)
+class Shape:
+    """A piece of compute at the shape one rank runs it: `part` "block" (one decoder block's
+    shard: its Linears cut t ways, its attention on heads/t heads, its LayerNorms whole) or
+    "head" (final LayerNorm, LM head and loss, replicated on the TP group), on `tokens`
+    tokens (one micro-batch). The head's `t` is always 1: every TP rank computes all of it."""
+    part: str
+    tokens: int
+    t: int
+
+
+def micro_batch(layout: Layout, config) -> int:
+    """b: sequences per micro-batch (the batch split d ways, then m ways)."""
+    return config.batch // (layout.d * layout.m)
+
+
+def shape_flops(shape: Shape, config) -> float:
+    """Forward + backward FLOPs (3 × forward) of one piece at its shape on one rank."""
+    f = forward_flops(shape.tokens, config.hidden, config.seq, config.vocab, 1)
+    return 3 * (f.block / shape.t if shape.part == "block" else f.head)
+
+
+def stage_shapes(layout: Layout, config, stage: int) -> list[Shape]:
+    """Every piece stage `stage` computes per micro-batch, one entry per block."""
+    tokens = micro_batch(layout, config) * config.seq
+    pieces = [Shape("block", tokens, layout.t)] * (config.layers // layout.p)
+    return pieces + ([Shape("head", tokens, 1)] if stage == layout.p - 1 else [])
+
+
+def shapes_used(layouts: Iterable[Layout], config) -> list[Shape]:
+    """The distinct pieces a set of layouts runs: what calibration must time."""
+    return sorted({s for lay in layouts for j in range(lay.p) for s in stage_shapes(lay, config, j)})
+
+
+def stage_parameters(layout: Layout, config, stage: int) -> int:
+    """Parameters one rank of stage `stage` holds (and all-reduces over its DP group): its
+    blocks' Linears cut t ways (12·h²/t) plus their LayerNorms (4·h, replicated); stage 0 the
+    embeddings (V·h + s·h), the last stage the final LayerNorm and LM head (2·h + h·V)."""
+    h = config.hidden
+    n = config.layers // layout.p * (12 * h * h // layout.t + 4 * h)
+    if stage == 0:
+        n += config.vocab * h + config.seq * h
+    if stage == layout.p - 1:
+        n += 2 * h + h * config.vocab
+    return n
+
+
+def activation_bytes(layout: Layout, config) -> int:
+    """One micro-batch's (b, s, h) activation: what a TP all-reduce and a pipeline hop move."""
+    return BYTES_PER_FLOAT * micro_batch(layout, config) * config.seq * config.hidden
+
+
+# ----------------------------------------------------------------------------------------
+# Calibration and prediction.
+# ----------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Calibration:
+    """What the machine measured: FLOP/s of one rank at each `Shape` computing alone, the
+    cores the ranks effectively share (`cores`: world · t_alone / t_all, from the same shapes
+    timed on every rank at once), and α–β fits of all-reduce by group size and of one p2p hop."""
+    flops_per_s: Mapping[Shape, float]
+    cores: float
+    all_reduce: Mapping[int, Fit]     # group size → fit of op "all_reduce"
+    send_recv: Fit                    # one message to a neighbour (op "send_recv")
+
+    def seconds(self, shape: Shape, config, busy: float = 1.0) -> float:
+        """One piece's time while `busy` ranks compute at once: the ranks share the cores
+        evenly, so beyond `cores` ranks each one slows down by busy / cores."""
+        if shape not in self.flops_per_s:
+            raise ValueError(f"no calibrated rate for {shape}: calibrate the layouts you predict")
+        return shape_flops(shape, config) / self.flops_per_s[shape] * max(1.0, busy / self.cores)
+
+    def all_reduce_s(self, ranks: int, nbytes: float) -> float:
+        if ranks == 1:
+            return 0.0
+        if ranks not in self.all_reduce:
+            raise ValueError(f"no all_reduce fit for groups of {ranks}: have {sorted(self.all_reduce)}")
+        return self.all_reduce[ranks].predict(ranks, nbytes)
+
+
+def busy_ranks(layout: Layout) -> float:
+    """How many ranks compute at once, on average while any does: all of them without a
+    pipeline (data and tensor parallel ranks compute in lockstep); with one, the fraction of
+    rank-time that is not bubble, world · (1 − bubble_theory(p, m))."""
+    if layout.p == 1:
+        return float(layout.world)
+    return layout.world * (1 - bubble_theory(layout.p, layout.m))
+
+
+@dataclass(frozen=True)
+class Breakdown:
+    """One step by cause, in seconds, averaged over the ranks so that the parts add up to the
+    step: compute, TP collectives, the pipeline's idle time and its hops, DP collectives."""
+    compute_s: float
+    tp_comm_s: float
+    bubble_p2p_s: float
+    dp_comm_s: float
+
+    @property
+    def step_s(self) -> float:
+        return self.compute_s + self.tp_comm_s + self.bubble_p2p_s + self.dp_comm_s
+
+    PARTS = ("compute_s", "tp_comm_s", "bubble_p2p_s", "dp_comm_s")
+    LABELS = ("compute", "TP comm", "bubble + p2p", "DP comm")
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """The model's step for one layout, and the terms it is made of."""
+    layout: Layout
+    breakdown: Breakdown
+    bubble_s: float        # idle fill and drain of the pipeline (part of bubble_p2p_s)
+    p2p_s: float           # hops on the critical path (the rest of bubble_p2p_s)
+    stage_s: tuple         # one micro-batch's forward + backward (+ TP) per stage
+
+    @property
+    def step_s(self) -> float:
+        return self.breakdown.step_s
+
+
+def predict(layout: Layout, config, calibration: Calibration) -> Prediction:
+    """One step of `layout`, from the counts above and the calibration.
+
+    Per stage j and micro-batch: T_j = Σ pieces' compute (at the rate of `busy_ranks`
+    sharing the cores) + 4 TP all-reduces per block (2
+    forward, 2 backward) of the (b, s, h) activation on t ranks. The schedule (GPipe or
+    1F1B: the same length) runs Σ_j T_j + (m−1)·max_j T_j: the slowest stage's m
+    micro-batches back to back, plus the fill and drain of the others, (p−1)·T̄, which is
+    `bubble_theory(p, m) / (1 − bubble_theory(p, m))` · m·T̄ (T̄ the mean of the other
+    stages; with equal stages exactly the bubble of notebook 05). The first micro-batch's
+    activation hops p−1 times forward and its gradient p−1 times back, one α–β p2p each,
+    and so does every later one through the slowest stage (2 per micro-batch): 2·(p−1+m−1)
+    hops. Then every stage all-reduces its gradients over d ranks, one call (one bucket).
+    """
+    check_layout(layout, config)
+    d, t, p, m = layout.d, layout.t, layout.p, layout.m
+    act = activation_bytes(layout, config)
+    blocks = config.layers // p
+    busy = busy_ranks(layout)
+    compute, tp, stage = [], [], []
+    for j in range(p):
+        c = sum(calibration.seconds(s, config, busy) for s in stage_shapes(layout, config, j))
+        comm = 4 * blocks * calibration.all_reduce_s(t, act)
+        compute.append(m * c)
+        tp.append(m * comm)
+        stage.append(c + comm)
+    slowest = max(stage)
+    if p > 1:
+        others = (sum(stage) - slowest) / (p - 1)
+        b = bubble_theory(p, m)
+        bubble = b / (1 - b) * m * others
+        p2p = 2 * (p - 1 + m - 1) * calibration.send_recv.predict(2, act)
+    else:
+        bubble = p2p = 0.0
+    dp = [calibration.all_reduce_s(d, BYTES_PER_FLOAT * stage_parameters(layout, config, j))
+          for j in range(p)]
+    step = m * slowest + bubble + p2p + max(dp)
+    mean = statistics.fmean
+    parts = Breakdown(compute_s=mean(compute), tp_comm_s=mean(tp), dp_comm_s=mean(dp),
+                      bubble_p2p_s=step - mean(compute) - mean(tp) - mean(dp))
+    return Prediction(layout, parts, bubble_s=bubble, p2p_s=p2p, stage_s=tuple(stage))
+
+
+# ----------------------------------------------------------------------------------------
+# Measured against predicted.
+# ----------------------------------------------------------------------------------------
+
+KINDS = ("compute", "tp_comm", "pp_comm", "dp_comm")
+
+
+def measured_breakdown(spans_by_rank: Iterable[Iterable], step_s: float) -> Breakdown:
+    """A measured step by cause, from every rank's spans of that step (objects with `kind`,
+    `start_s`, `end_s`): compute, TP and DP communication are each the mean over ranks of
+    their spans' summed lengths; the rest of the step, `bubble_p2p_s`, is what the pipeline
+    cost: p2p spans (waits for the neighbour included) and idle gaps."""
+    totals = []
+    for spans in spans_by_rank:
+        sums = dict.fromkeys(KINDS, 0.0)
+        for span in spans:
+            if span.kind not in sums:
+                raise ValueError(f"span kind must be one of {KINDS}, got {span.kind!r}")
+            sums[span.kind] += span.end_s - span.start_s
+        totals.append(sums)
+    if not totals:
+        raise ValueError("spans_by_rank must hold at least one rank")
+    mean = {k: statistics.fmean(s[k] for s in totals) for k in KINDS}
+    return Breakdown(compute_s=mean["compute"], tp_comm_s=mean["tp_comm"],
+                     dp_comm_s=mean["dp_comm"],
+                     bubble_p2p_s=step_s - mean["compute"] - mean["tp_comm"] - mean["dp_comm"])
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """One layout: its measured step (median over steps) and breakdown, and the model's."""
+    layout: Layout
+    measured: Breakdown
+    predicted: Prediction
+
+    @property
+    def step_s(self) -> float:
+        return self.measured.step_s
+
+    @property
+    def predicted_s(self) -> float:
+        return self.predicted.step_s
+
+    @property
+    def rel_error(self) -> float:
+        """(predicted − measured) / measured: signed, > 0 when the model is pessimistic."""
+        return (self.predicted_s - self.step_s) / self.step_s
+
+
+def summary(comparisons: Iterable[Comparison]) -> dict:
+    """The benchmark's record: one row per layout, the median and worst |relative error|,
+    and the fastest layout measured and predicted (as "d·t·p")."""
+    rows = list(comparisons)
+    if not rows:
+        raise ValueError("comparisons must not be empty")
+    errors = [relative_error(c.predicted_s, c.step_s) for c in rows]
+    name = lambda c: f"{c.layout.d}·{c.layout.t}·{c.layout.p}"  # noqa: E731
+    return {
+        "world_size": rows[0].layout.world,
+        "results": [{"d": c.layout.d, "t": c.layout.t, "p": c.layout.p, "m": c.layout.m,
+                     "step_s": c.step_s, "predicted_s": c.predicted_s,
+                     "rel_error": c.rel_error} for c in rows],
+        "median_rel_error": statistics.median(errors),
+        "max_rel_error": max(errors),
+        "best_measured": name(min(rows, key=lambda c: c.step_s)),
+        "best_predicted": name(min(rows, key=lambda c: c.predicted_s)),
+    }
+
+
+def table(comparisons: Iterable[Comparison]) -> str:
+    """Measured against predicted, one line per layout, times in ms."""
+    lines = [f"{'d·t·p':>6} {'m':>2} | {'measured':>9} {'predicted':>9} {'error':>7} | "
+             f"{'compute':>15} {'TP comm':>15} {'bubble+p2p':>15} {'DP comm':>15}"]
+    lines.append(" " * 10 + "|" + " " * 29 + "|" + "   (measured / predicted, ms)")
+    for c in comparisons:
+        lay, ms = c.layout, lambda s: f"{1e3 * s:.0f}"
+        parts = " ".join(f"{ms(getattr(c.measured, k)) + ' / ' + ms(getattr(c.predicted.breakdown, k)):>15}"
+                         for k in Breakdown.PARTS)
+        lines.append(f"{lay.d}·{lay.t}·{lay.p:<2} {lay.m:>2} | {ms(c.step_s) + ' ms':>9} "
+                     f"{ms(c.predicted_s) + ' ms':>9} {c.rel_error:>+7.0%} | {parts}")
+    return "\n".join(lines)

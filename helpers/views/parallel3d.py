@@ -1,0 +1,110 @@
+"""Notebook 07's pictures: predicted against measured step times of the 3-D layouts, their
+breakdown by cause, the per-rank spans of one step, and the widget that runs a layout."""
+from __future__ import annotations
+
+import ipywidgets as widgets
+import matplotlib.pyplot as plt
+from IPython.display import display
+
+from helpers.cost.parallel3d import Breakdown, Comparison, Layout, layout_problem, predict
+from helpers.parallel.layouts import run_layout
+from helpers.parallel.mesh import factorizations
+
+_COLOURS = {"compute": "tab:blue", "tp_comm": "tab:orange", "pp_comm": "tab:green",
+            "dp_comm": "tab:red"}
+_PART_COLOURS = ("tab:blue", "tab:orange", "tab:green", "tab:red")
+
+
+def _name(layout: Layout) -> str:
+    return f"{layout.d}·{layout.t}·{layout.p}" + (f" m={layout.m}" if layout.p > 1 else "")
+
+
+def plot_parity(comparisons: list[Comparison], band: float = 0.15):
+    """Predicted against measured step time, one point per layout, with the ±`band` cone."""
+    fig, ax = plt.subplots(figsize=(5.2, 4.6), layout="constrained")
+    measured = [1e3 * c.step_s for c in comparisons]
+    predicted = [1e3 * c.predicted_s for c in comparisons]
+    top = 1.15 * max(measured + predicted)
+    ax.plot([0, top], [0, top], color="0.3", linewidth=1, label="prediction = measurement")
+    ax.fill_between([0, top], [0, top * (1 - band)], [0, top * (1 + band)], color="0.85",
+                    label=f"±{band:.0%}")
+    ax.scatter(measured, predicted, zorder=3, color="tab:purple")
+    for c, x, y in zip(comparisons, measured, predicted):
+        ax.annotate(_name(c.layout), (x, y), textcoords="offset points", xytext=(5, 4), fontsize=8)
+    ax.set(xlim=(0, top), ylim=(0, top), xlabel="measured step (ms)", ylabel="predicted step (ms)",
+           title="d·t·p layouts: model against measurement")
+    ax.legend(fontsize=8, loc="upper left")
+    return fig
+
+
+def plot_breakdown(comparisons: list[Comparison]):
+    """Stacked bars per layout: measured (left) and predicted (right), by cause."""
+    fig, ax = plt.subplots(figsize=(max(5.0, 1.5 * len(comparisons) + 2), 4.2), layout="constrained")
+    width = 0.38
+    for i, c in enumerate(comparisons):
+        for dx, parts, hatch in ((-width / 2, c.measured, ""), (width / 2, c.predicted.breakdown, "//")):
+            bottom = 0.0
+            for key, label, colour in zip(Breakdown.PARTS, Breakdown.LABELS, _PART_COLOURS):
+                value = 1e3 * max(0.0, getattr(parts, key))
+                ax.bar(i + dx, value, width, bottom=bottom, color=colour, hatch=hatch,
+                       edgecolor="white", label=label if i == 0 and not hatch else None)
+                bottom += value
+    ax.set_xticks(range(len(comparisons)), [_name(c.layout) for c in comparisons], fontsize=8)
+    ax.set(ylabel="ms per step", title="measured (plain) and predicted (hatched), by cause")
+    ax.legend(fontsize=8)
+    return fig
+
+
+def plot_gantt(timelines, title: str = "one step, rank by rank"):
+    """Every rank's spans of one step: compute, TP, pipeline and DP communication."""
+    fig, ax = plt.subplots(figsize=(9, 0.5 * len(timelines) + 1.4), layout="constrained")
+    for rank, spans in enumerate(timelines):
+        for span in spans:
+            ax.barh(rank, 1e3 * (span.end_s - span.start_s), left=1e3 * span.start_s, height=0.7,
+                    color=_COLOURS[span.kind], edgecolor="none")
+    for kind, colour in _COLOURS.items():
+        ax.barh([], [], color=colour, label=kind)
+    ax.set_yticks(range(len(timelines)), [f"rank {r}" for r in range(len(timelines))])
+    ax.invert_yaxis()
+    ax.set(xlabel="ms since the step's start", title=title)
+    ax.legend(fontsize=8, ncol=4, loc="upper center", bbox_to_anchor=(0.5, -0.25), frameon=False)
+    return fig
+
+
+def widget_parallel3d(live, calibration, config, steps: int = 2):
+    """Choose d, t, p (only factorizations of the live world size) and m (only those that
+    split the batch), run the layout on the live ranks, show its measured and predicted
+    breakdown and the Gantt chart of its ranks."""
+    world = live.world_size
+    meshes = [mesh for mesh in factorizations(world)
+              if layout_problem(Layout(mesh.d, mesh.t, mesh.p), config) is None]
+    mesh_box = widgets.Dropdown(options=[(f"d={x.d} · t={x.t} · p={x.p}", x) for x in meshes],
+                                description="d·t·p")
+    m_box = widgets.Dropdown(description="m")
+    button = widgets.Button(description="run", button_style="primary")
+    out = widgets.Output()
+
+    def valid_m(*_):
+        mesh = mesh_box.value
+        m_box.options = [m for m in range(1, config.batch + 1)
+                         if layout_problem(Layout(mesh.d, mesh.t, mesh.p, m), config) is None]
+        m_box.value = 4 if mesh.p > 1 and 4 in m_box.options else 1
+
+    def on_run(_):
+        mesh = mesh_box.value
+        layout = Layout(mesh.d, mesh.t, mesh.p, m_box.value)
+        with out:
+            out.clear_output(wait=True)
+            run = run_layout(live, layout, config, steps)
+            comparison = Comparison(layout, run.breakdown, predict(layout, config, calibration))
+            print(f"{layout}: measured {1e3 * run.step_s:.0f} ms, predicted "
+                  f"{1e3 * comparison.predicted_s:.0f} ms ({comparison.rel_error:+.0%}), "
+                  f"loss {run.loss:.4f}")
+            for fig in (plot_breakdown([comparison]), plot_gantt(run.timelines, str(layout))):
+                display(fig)
+                plt.close(fig)
+
+    mesh_box.observe(valid_m, "value")
+    valid_m()
+    button.on_click(on_run)
+    return widgets.VBox([widgets.HBox([mesh_box, m_box, button]), out])

@@ -1,0 +1,135 @@
+"""The 3-D cost model (helpers.cost.parallel3d) on hand-computed cases, and the views' smoke test."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from helpers.cost.alpha_beta import Fit
+from helpers.cost.parallel3d import (LAYOUTS_4, Breakdown, Calibration, Comparison, Layout,
+                                     Shape, busy_ranks, forward_flops, layout_problem,
+                                     measured_breakdown, predict, shape_flops, shapes_used,
+                                     stage_parameters, summary, table)
+
+TINY = SimpleNamespace(vocab=8, hidden=4, heads=2, layers=4, seq=3, batch=8)
+
+
+def test_forward_flops_by_hand():
+    f = forward_flops(tokens=10, hidden=2, seq=5, vocab=3, layers=2)
+    assert (f.block_linears, f.block_attention, f.head) == (24 * 10 * 4, 4 * 10 * 5 * 2, 2 * 10 * 2 * 3)
+    assert f.total == 2 * (960 + 400) + 120 == 2840
+
+
+def test_stage_parameters_by_hand_and_they_add_up_to_the_model():
+    from helpers.models import TransformerConfig
+    lay = Layout(1, 2, 2, 4)
+    # stage 0: 2 blocks × (12·16/2 + 4·4) + embeddings 8·4 + 3·4; stage 1: 2 blocks + 2·4 + 4·8
+    assert stage_parameters(lay, TINY, 0) == 2 * (96 + 16) + 32 + 12 == 268
+    assert stage_parameters(lay, TINY, 1) == 2 * (96 + 16) + 8 + 32 == 264
+    config = TransformerConfig(**vars(TINY))
+    assert stage_parameters(Layout(1, 1, 1), config, 0) == config.parameters == 916
+
+
+def _calibration(cores: float, layouts=(Layout(1, 2, 2, 4),)) -> Calibration:
+    """Every block piece takes 1 s alone, the head 0.5 s; all-reduce costs α = 10 ms only,
+    a p2p hop α = 100 ms only."""
+    seconds = {"block": 1.0, "head": 0.5}
+    rates = {s: shape_flops(s, TINY) / seconds[s.part] for s in shapes_used(layouts, TINY)}
+    return Calibration(rates, cores, {2: Fit("all_reduce", 0.01, 0.0)}, Fit("send_recv", 0.1, 0.0))
+
+
+def test_pipeline_with_tensor_parallel_stages_by_hand():
+    got = predict(Layout(1, 2, 2, 4), TINY, _calibration(cores=4.0))
+    # T0 = 2 blocks + 4·2 all-reduces of 2(t−1)α = 2 + 0.16; T1 = T0 + head 0.5
+    assert got.stage_s == pytest.approx((2.16, 2.66))
+    # 4·T1 + fill/drain bubble (p−1)·T0 = 2.16 + 2·(p−1 + m−1) hops of 0.1 s
+    assert got.bubble_s == pytest.approx(2.16)
+    assert got.p2p_s == pytest.approx(0.8)
+    assert got.step_s == pytest.approx(4 * 2.66 + 2.16 + 0.8)
+    assert got.breakdown.compute_s == pytest.approx((4 * 2 + 4 * 2.5) / 2)
+    assert got.breakdown.tp_comm_s == pytest.approx(0.64)
+    assert got.breakdown.dp_comm_s == 0
+
+
+def test_ranks_beyond_the_cores_slow_compute_down():
+    # 1·2·2 with m = 4: 4·(1 − 1/5) = 3.2 ranks busy on average, on 1.6 cores: compute × 2
+    assert busy_ranks(Layout(1, 2, 2, 4)) == pytest.approx(3.2)
+    assert busy_ranks(Layout(2, 2, 1)) == 4
+    got = predict(Layout(1, 2, 2, 4), TINY, _calibration(cores=1.6))
+    assert got.stage_s == pytest.approx((4.16, 5.16))
+    assert got.step_s == pytest.approx(4 * 5.16 + 4.16 + 0.8)
+
+
+def test_equal_stages_give_notebook_05s_bubble():
+    """With the head free, every stage is equal and the step is (m + p − 1)·T."""
+    lay = Layout(1, 1, 4, 8)
+    cal = _calibration(4.0, (lay,))
+    cal.flops_per_s[Shape("head", 1 * 3, 1)] = float("inf")
+    got = predict(lay, TINY, cal)
+    assert got.step_s - got.p2p_s == pytest.approx((8 + 4 - 1) * 1.0)
+
+
+def test_data_parallel_all_reduce_by_hand():
+    lay = Layout(2, 1, 1)
+    cal = Calibration({s: shape_flops(s, TINY) for s in shapes_used([lay], TINY)}, 4.0,
+                      {2: Fit("all_reduce", 0.0, 1e-9)}, Fit("send_recv", 0.0, 0.0))
+    got = predict(lay, TINY, cal)
+    # ring all-reduce on 2 ranks: 2(p−1)/p · n·β = n·β with n = 4 bytes × 916 parameters
+    assert got.breakdown.dp_comm_s == pytest.approx(4 * 916 * 1e-9)
+    assert got.breakdown.compute_s == pytest.approx(4 * 1.0 + 1.0)  # 1 s per FLOP/s "rate" of 1
+
+
+def test_measured_breakdown_adds_up_to_the_step():
+    span = lambda kind, a, b: SimpleNamespace(kind=kind, start_s=a, end_s=b)  # noqa: E731
+    got = measured_breakdown([[span("compute", 0, 1), span("tp_comm", 1, 1.5), span("pp_comm", 1.5, 2)],
+                              [span("compute", 0, 2), span("dp_comm", 2, 2.5)]], step_s=3.0)
+    assert got == Breakdown(compute_s=1.5, tp_comm_s=0.25, bubble_p2p_s=1.0, dp_comm_s=0.25)
+    assert got.step_s == 3.0
+    with pytest.raises(ValueError, match="span kind must be one of"):
+        measured_breakdown([[span("idle", 0, 1)]], 1.0)
+
+
+def test_layouts_that_do_not_divide_the_model_are_named():
+    assert layout_problem(Layout(1, 4, 1), TINY) == (
+        "heads must be a multiple of 4 (each of the t=4 TP ranks keeps whole heads), got 2")
+    assert "batch must be a multiple of 16" in layout_problem(Layout(2, 1, 2, 8), TINY)
+    assert "layers must be a multiple of 3" in layout_problem(Layout(1, 1, 3), TINY)
+    assert all(lay.world == 4 for lay in LAYOUTS_4) and len(set(LAYOUTS_4)) == 6
+
+
+def _comparison(layout, measured, predicted):
+    parts = Breakdown(measured, 0.0, 0.0, 0.0)
+    from helpers.cost.parallel3d import Prediction
+    return Comparison(layout, parts, Prediction(layout, Breakdown(predicted, 0, 0, 0), 0, 0, ()))
+
+
+def test_summary_has_the_benchmarks_fields():
+    rows = [_comparison(Layout(4, 1, 1), 1.0, 1.1), _comparison(Layout(1, 4, 1), 2.0, 1.0),
+            _comparison(Layout(2, 2, 1), 0.5, 0.6)]
+    got = summary(rows)
+    assert got["median_rel_error"] == pytest.approx(0.2)
+    assert got["max_rel_error"] == pytest.approx(0.5)
+    assert got["results"][1]["rel_error"] == pytest.approx(-0.5)
+    assert (got["best_measured"], got["best_predicted"]) == ("2·2·1", "2·2·1")
+    assert "+10%" in table(rows)
+
+
+def test_views_draw():
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure
+
+    from helpers.views.parallel3d import plot_breakdown, plot_gantt, plot_parity, widget_parallel3d
+    rows = [_comparison(Layout(4, 1, 1), 1.0, 1.1), _comparison(Layout(1, 1, 4, 4), 2.0, 1.0)]
+    span = lambda kind, a, b: SimpleNamespace(kind=kind, start_s=a, end_s=b)  # noqa: E731
+    figs = [plot_parity(rows), plot_breakdown(rows),
+            plot_gantt([[span("compute", 0, 1), span("pp_comm", 1, 2)], [span("dp_comm", 0, 1)]])]
+    assert all(isinstance(f, Figure) for f in figs)
+    plt.close("all")
+    from helpers.models import TRANSFORMER
+    widget = widget_parallel3d(SimpleNamespace(world_size=4), _calibration(4.0), TRANSFORMER)
+    mesh_box, m_box, _ = widget.children[0].children
+    assert len(mesh_box.options) == 6          # every d·t·p = 4 divides the default decoder
+    mesh_box.value = next(v for _, v in mesh_box.options if v.p == 4)
+    assert m_box.value == 4 and m_box.options == (1, 2, 4, 8)

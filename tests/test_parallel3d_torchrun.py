@@ -1,0 +1,34 @@
+"""train_3d under torchrun (env:// rendezvous), 4 CPU ranks, loopback only: the loss of a
+2·2·1 layout equals single-process training's."""
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from helpers.parallel.parallel3d import reference_3d
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TORCHRUN = os.path.join(os.path.dirname(sys.executable), "torchrun")
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="the wrapper script is bash")
+def test_a_4_rank_layout_under_torchrun_has_the_single_process_loss():
+    env = dict(os.environ, TORCHRUN=TORCHRUN, OMP_NUM_THREADS="1")
+    done = subprocess.run(
+        [os.path.join(ROOT, "scripts", "torchrun_local.sh"), "--nproc-per-node=4",
+         "-m", "helpers.parallel3d_run", "--data", "2", "--tensor", "2", "--pipeline", "1",
+         "--micro-batches", "1"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.splitlines()
+    assert "train_3d d=2 t=2 p=1 m=1 on 4 ranks (gloo):" in lines, done.stdout
+    loss = float(next(line for line in lines if line.startswith("  step 0: loss ")).split()[-1])
+    assert loss == pytest.approx(reference_3d().loss, rel=1e-5)
+
+
+def test_parallel3d_run_refuses_a_bad_layout_before_starting():
+    done = subprocess.run([sys.executable, "-m", "helpers.parallel3d_run", "--tensor", "3"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0 and "heads must be a multiple of 3" in done.stderr
