@@ -2,8 +2,11 @@
 value; and the widget that re-runs every collective on live ranks."""
 from __future__ import annotations
 
+import atexit
 import io
 import math
+import queue
+import threading
 from dataclasses import dataclass
 
 import ipywidgets as W
@@ -12,7 +15,7 @@ from matplotlib import colormaps
 from matplotlib.collections import LineCollection
 from matplotlib.figure import Figure
 
-from helpers.parallel.collectives import run_all
+from helpers.parallel.collectives import OPS, SPLITTING_OPS, expected, run_all
 
 MAX_WIDGET_WORLD_SIZE = 8   # the world-size slider's end
 MAX_LENGTH = 16             # the length slider's end
@@ -153,26 +156,94 @@ def _png(fig: Figure, dpi: int) -> bytes:
 
 class CollectivesView:
     """The widget's callback without the widget: `update(world_size, length)` re-runs every
-    collective on the live ranks (checked against `expected`) and returns the picture as PNG
-    and a note. The picture depends only on (world size, length) once the results are
-    checked, so each one is drawn once and kept."""
+    collective on the live ranks (checked against `expected`: `run_all` raises if a rank
+    differs) and returns the picture as PNG and a note.
 
-    def __init__(self, live, dpi: int = 72):
-        self.live, self.dpi = live, dpi
+    Drawing costs far more than the run, and a checked run's picture is the picture of
+    `expected`, so pictures are drawn from `expected` once per (world size, length) and kept;
+    after each move, a background thread draws the settings a reader is likely to move to
+    next (one step either way on each slider, and both world-size extremes)."""
+
+    def __init__(self, live, dpi: int = 72, prerender: bool = True):
+        self.live, self.dpi, self.prerender = live, dpi, prerender
         self._pictures: dict[tuple[int, int], bytes] = {}
+        self._lock = threading.Lock()
+        self._queue: queue.Queue = queue.Queue()
+        self._queued: set[tuple[int, int]] = set()
+        self._drawing: tuple[tuple[int, int], threading.Event] | None = None
+        self._worker: threading.Thread | None = None
+        self._stopped = False
+        atexit.register(self.stop)   # never leave the thread mid-draw at interpreter exit
+
+    def stop(self) -> None:
+        """Stop drawing ahead (waits for the picture being drawn, if any)."""
+        self._stopped = True
+        if self._worker is not None:
+            self._queue.put(None)
+            self._worker.join(timeout=30)
+
+    def _draw(self, world_size: int, length: int) -> bytes:
+        results = {op: expected(op, world_size, length) for op in OPS
+                   if not (op in SPLITTING_OPS and length % world_size)}
+        return _png(plot_collectives(results), self.dpi)
+
+    def picture(self, world_size: int, length: int) -> bytes:
+        key = (world_size, length)
+        with self._lock:
+            if key in self._pictures:
+                return self._pictures[key]
+            drawing = self._drawing
+        if drawing and drawing[0] == key:     # the background thread is on it: wait
+            drawing[1].wait()
+            return self._pictures[key]
+        picture = self._draw(*key)
+        with self._lock:
+            self._pictures[key] = picture
+        return picture
+
+    def _work(self) -> None:
+        while True:
+            key = self._queue.get()
+            if key is None or self._stopped:
+                return
+            with self._lock:
+                self._queued.discard(key)
+                if key in self._pictures:
+                    continue
+                self._drawing = (key, threading.Event())
+            picture = self._draw(*key)
+            with self._lock:
+                self._pictures.setdefault(key, picture)
+                self._drawing[1].set()
+                self._drawing = None
+
+    def _draw_ahead(self, world_size: int, length: int) -> None:
+        nearby = [(world_size + 1, length), (world_size - 1, length), (1, length),
+                  (MAX_WIDGET_WORLD_SIZE, length), (world_size, length + 1),
+                  (world_size, length - 1)]
+        with self._lock:
+            for w, n in nearby:
+                key = (w, n)
+                if (1 <= w <= MAX_WIDGET_WORLD_SIZE and 1 <= n <= MAX_LENGTH
+                        and key not in self._pictures and key not in self._queued):
+                    self._queued.add(key)
+                    self._queue.put(key)
+        if self._worker is None:
+            self._worker = threading.Thread(target=self._work, daemon=True,
+                                            name="collectives-draw-ahead")
+            self._worker.start()
 
     def update(self, world_size: int, length: int) -> tuple[bytes, str]:
         done = run_all(self.live, world_size, length)
-        key = (world_size, length)
-        if key not in self._pictures:
-            fig = plot_collectives(done.results)
-            self._pictures[key] = _png(fig, self.dpi)
+        picture = self.picture(world_size, length)
+        if self.prerender and not self._stopped:
+            self._draw_ahead(world_size, length)
         note = (f"world size {world_size}, length {length}: all {len(done.results)} "
                 "collectives ran on the live ranks and matched their definition.")
         if done.skipped:
             note += (f" Skipped {', '.join(done.skipped)}: length {length} does not split "
                      f"into {world_size} equal chunks.")
-        return self._pictures[key], note
+        return picture, note
 
 
 def widget_collectives(live) -> W.Widget:
