@@ -15,6 +15,20 @@ def close_to(answer: float, expected: float, rel: float = 0.02) -> bool:
     return abs(answer - expected) <= rel * abs(expected)
 
 
+# --- notebooks 00 and 01 ----------------------------------------------------------------------
+
+def numeric_verdict(answer: float, expected: float, right: str,
+                    mistakes: tuple[tuple[float, str], ...], otherwise: str) -> Verdict:
+    """Right if `answer` is close to `expected`; else the hint of the first known mistake
+    (a value it is close to), else `otherwise`."""
+    if close_to(answer, expected):
+        return Verdict(True, right)
+    for value, hint in mistakes:
+        if close_to(answer, value):
+            return Verdict(False, hint)
+    return Verdict(False, otherwise)
+
+
 # --- notebook 00: the hardware hierarchy ----------------------------------------------------
 
 def check_hardware_ridge(answer: float) -> Verdict:
@@ -23,13 +37,13 @@ def check_hardware_ridge(answer: float) -> Verdict:
     a100 = published("A100 SXM")
     why = (f"{a100.peak_flops / 1e12:.0f} TFLOP/s ÷ {a100.memory_Bps / 1e12:.3f} TB/s = "
            f"{a100.ridge:.0f} FLOP/byte")
-    if close_to(answer, a100.ridge):
-        return Verdict(True, why + ": a kernel needs that many FLOPs per byte it moves to keep "
-                       "the A100's arithmetic busy.")
-    if close_to(answer, a100.memory_Bps / a100.peak_flops):
-        return Verdict(False, "that is bytes per FLOP; the ridge is peak FLOP/s over bytes/s.")
-    return Verdict(False, f"{answer:g} is not the ridge: divide the peak FLOP/s by the memory "
-                   "bytes/s (both in ROOFLINE_PEAKS).")
+    return numeric_verdict(
+        answer, a100.ridge,
+        why + ": a kernel needs that many FLOPs per byte it moves to keep the A100's arithmetic busy.",
+        ((a100.memory_Bps / a100.peak_flops,
+          "that is bytes per FLOP; the ridge is peak FLOP/s over bytes/s."),),
+        f"{answer:g} is not the ridge: divide the peak FLOP/s by the memory bytes/s (both in "
+        "ROOFLINE_PEAKS).")
 
 
 def check_hardware_compute_bound_n(answer: int) -> Verdict:
@@ -60,13 +74,12 @@ def check_hardware_send_time(answer: float) -> Verdict:
     seconds = 16e9 / ib.bandwidth_Bps
     why = (f"16 GB ÷ {ib.bandwidth_Bps / 1e9:.0f} GB/s = {seconds:.2f} s (the 5 µs latency is "
            f"negligible); over NVLink inside the node it would be {16e9 / nvlink.bandwidth_Bps:.3f} s")
-    if close_to(answer, seconds):
-        return Verdict(True, why + ".")
-    if close_to(answer, seconds / 2):
-        return Verdict(False, "that uses 100 GB/s, the link's two directions added; one way is "
-                       "half of that.")
-    return Verdict(False, f"{answer:g} s is not it: divide the bytes by the per-direction "
-                   "InfiniBand bandwidth of hierarchy.table('H100 SXM').")
+    return numeric_verdict(
+        answer, seconds, why + ".",
+        ((seconds / 2, "that uses 100 GB/s, the link's two directions added; one way is half "
+                       "of that."),),
+        f"{answer:g} s is not it: divide the bytes by the per-direction InfiniBand bandwidth of "
+        "hierarchy.table('H100 SXM').")
 
 
 # --- notebook 01: collectives ---------------------------------------------------------------
@@ -115,12 +128,9 @@ def check_collectives_ring_bytes(answer: float) -> Verdict:
     send?"""
     from helpers.cost.alpha_beta import OPS
     factor = OPS["all_reduce"].bus_factor(8)
-    why = (f"reduce-scatter sends 7 chunks of 1/8 GB, then all-gather 7 more: 2·(p−1)/p = "
-           f"{factor:g} GB per rank")
-    if close_to(answer, factor):
-        return Verdict(True, why + ", nearly twice the buffer however many ranks there are.")
-    if close_to(answer, factor / 2):
-        return Verdict(False, "that is one half (a reduce-scatter or an all-gather); the "
-                       "all-reduce is both.")
-    return Verdict(False, f"{answer:g} GB is not it: count the chunks each rank sends in the "
-                   "reduce-scatter, then in the all-gather.")
+    half = "that is one half (a reduce-scatter or an all-gather); the all-reduce is both."
+    right = (f"reduce-scatter sends 7 chunks of 1/8 GB, then all-gather 7 more: 2·(p−1)/p = "
+             f"{factor:g} GB per rank, nearly twice the buffer however many ranks there are.")
+    hint = (f"{answer:g} GB is not it: count the chunks each rank sends in the reduce-scatter, "
+            "then in the all-gather.")
+    return numeric_verdict(answer, factor, right, ((factor / 2, half),), hint)
