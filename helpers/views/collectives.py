@@ -23,6 +23,7 @@ DIGIT_CELLS = 16            # a block shows its numbers when a cell is at least 
 GAP = 1.6                   # cells between the before and after blocks
 CMAP = colormaps["viridis"]
 MAX_DIGIT_PT = 8.5          # digits no larger than this
+MIN_CELLS_ACROSS = 14       # a panel is at least this many cells wide (no stretched cells)
 
 
 def _grid(tensors: list, length: int) -> np.ndarray:
@@ -130,7 +131,7 @@ def plot_collectives(results_by_op: dict[str, list[dict]], columns: int = 2,
     rows = max(1, -(-len(ops) // columns))
     world_size = len(next(iter(results_by_op.values()))) if ops else 1
     layouts = [_blocks(results_by_op[op]) for op in ops]
-    x_max = max([a.x0 + a.width for _, a in layouts] + [1]) + 0.2
+    x_max = max([a.x0 + a.width for _, a in layouts] + [MIN_CELLS_ACROSS]) + 0.2
     values = [v for b, a in layouts for g in (b.grid, a.grid) for v in g[~np.isnan(g)]]
     digits = max([len(f"{v:g}") for v in values] + [1])
     panel_h = 0.9 + 0.3 * world_size
