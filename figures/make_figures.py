@@ -8,25 +8,33 @@ import os
 
 from helpers.parallel import collectives
 from helpers.views.collectives import plot_collectives
-from helpers.views.hardware import plot_hierarchy
+from helpers.views.hardware import plot_hierarchy, plot_node
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def hierarchy_figure(path):
-    plot_hierarchy(("H100 SXM", "GTX 580")).savefig(path, dpi=110)
+    plot_hierarchy(("H100 SXM", "GTX 580")).savefig(path, dpi=100)
+
+
+def node_figure(path):
+    plot_node("H100 SXM", nodes=2).savefig(path, dpi=100)
 
 
 def collectives_figure(path, world_size=4, length=4):
     results = {op: collectives.expected(op, world_size, length) for op in collectives.OPS}
-    fig = plot_collectives(results)
-    fig.suptitle(f"The eight collectives on {world_size} ranks (rank r starts with [0,1,2,3] + r; "
-                 "all-to-all with 10r + [0,1,2,3])", y=1.0)
-    fig.savefig(path, dpi=90, bbox_inches="tight")
+    fig = plot_collectives(results, title=(
+        f"The eight collectives on {world_size} ranks (rank r starts with [0, 1, 2, 3] + r; "
+        "all-to-all with 10r + [0, 1, 2, 3])"))
+    fig.savefig(path, dpi=90)
+
+
+FIGURES = {"hierarchy.png": hierarchy_figure, "node.png": node_figure,
+           "collectives.png": collectives_figure}
 
 
 def main():
-    for name, make in (("hierarchy.png", hierarchy_figure), ("collectives.png", collectives_figure)):
+    for name, make in FIGURES.items():
         path = os.path.join(HERE, name)
         make(path)
         print("wrote", os.path.relpath(path))

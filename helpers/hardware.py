@@ -141,6 +141,12 @@ PRESETS: dict[str, GPU] = {g.name: g for g in (
 # exist on that GPU. Sources are given per row so every number in the notebook is cited.
 # ---------------------------------------------------------------------------------------
 
+EPOCH_MODEL = ("Erdil & Schneider-Joseph 2024, 'Data movement limits to frontier model training', "
+               "arXiv:2411.01137")
+EPOCH_SIMULATOR = ("Epoch AI 2024, 'Introducing the Distributed Training Interactive Simulator' "
+                   "(epoch.ai/blog/introducing-the-distributed-training-interactive-simulator)")
+
+
 @dataclass(frozen=True)
 class Level:
     name: str
@@ -150,6 +156,10 @@ class Level:
     source: str
 
 
+# The GTX 580's two links are the simulator's record (GTX_580 above, both directions counted),
+# halved to one direction, so notebooks 00 and 06 show the same machine.
+_GTX_NODE, _GTX_BEYOND = GTX_580.network_levels
+
 HIERARCHY: dict[str, tuple[Level, ...]] = {
     "H100 SXM": (
         Level("L1 / shared memory (per SM)", 256 * KIB, 33e12, 30e-9,
@@ -157,23 +167,28 @@ HIERARCHY: dict[str, tuple[Level, ...]] = {
               "x 1.98 GHz; latency: Luo et al. 2024, 'Benchmarking and Dissecting the Nvidia "
               "Hopper GPU Architecture'"),
         Level("L2 cache", 50 * MIB, 6441e9, 200e-9,
-              "L2 size and bandwidth: Erdil & Schneider-Joseph 2024 (cost_model.md); latency: Luo et al. 2024"),
+              f"L2 size and bandwidth: {EPOCH_MODEL} (H100 record); latency: Luo et al. 2024"),
         Level("HBM3", 80e9, 3.35e12, 500e-9,
               "NVIDIA H100 SXM datasheet (80 GB, 3.35 TB/s); latency: Luo et al. 2024"),
         Level("NVLink 4 (in node, via NVSwitch)", None, 450e9, 1.125e-6,
-              "NVIDIA H100 datasheet: 18 links, 900 GB/s bidirectional; latency as in the cost model"),
+              "NVIDIA H100 datasheet: 18 links, 900 GB/s bidirectional; latency as in "
+              f"{EPOCH_MODEL}"),
         Level("PCIe Gen5 x16 (to CPU)", None, 64e9, 2e-6,
               "PCI-SIG Gen5 spec: 32 GT/s x 16 lanes ~ 64 GB/s per direction"),
         Level("InfiniBand NDR (between nodes)", None, 50e9, 5e-6,
-              "DGX H100: one 400 Gb/s NDR adapter per GPU = 50 GB/s per direction"),
+              "NVIDIA DGX H100 User Guide: one 400 Gb/s NDR ConnectX-7 port per GPU = 50 GB/s "
+              "per direction"),
         Level("Ethernet 100 GbE (datacenter)", None, 12.5e9, 20e-6,
               "IEEE 802.3 100 GbE line rate; latency of a kernel TCP round trip, order of magnitude"),
     ),
     "A100 SXM": (
         Level("L1 / shared memory (per SM)", 192 * KIB, 19.5e12, 30e-9,
               "NVIDIA A100 whitepaper (192 KB L1/SMEM per SM); 108 SMs x 128 B/clk x 1.41 GHz"),
-        Level("L2 cache", 40 * MIB, 5603e9, 200e-9, "cost_model.md; A100 whitepaper (40 MB)"),
-        Level("HBM2e", 40e9, 1.555e12, 500e-9, "NVIDIA A100 40 GB SXM datasheet (1,555 GB/s)"),
+        Level("L2 cache", 40 * MIB, 5603e9, 200e-9,
+              f"{EPOCH_MODEL} (A100 record); NVIDIA A100 whitepaper (40 MB)"),
+        Level("HBM2", 40e9, 1.555e12, 500e-9,
+              "NVIDIA A100 datasheet: the 40 GB SXM part has HBM2 at 1,555 GB/s "
+              "(the 80 GB part has HBM2e at 2,039 GB/s)"),
         Level("NVLink 3 (in node, via NVSwitch)", None, 300e9, 1.125e-6,
               "NVIDIA A100 datasheet: 12 links, 600 GB/s bidirectional"),
         Level("PCIe Gen4 x16 (to CPU)", None, 32e9, 2e-6, "PCI-SIG Gen4: 16 GT/s x 16 lanes"),
@@ -184,13 +199,20 @@ HIERARCHY: dict[str, tuple[Level, ...]] = {
     "GTX 580": (
         Level("L1 / shared memory (per SM)", 64 * KIB, 1.58e12, 30e-9,
               "NVIDIA Fermi whitepaper (64 KB per SM); 16 SMs x 64 B/clk x 1.544 GHz"),
-        Level("L2 cache", 768 * KIB, 384.8e9, 300e-9, "cost_model.md (GTX 580 record)"),
-        Level("GDDR5 global memory", 3.0e9, 192.4e9, 600e-9, "cost_model.md (GTX 580 3GB record)"),
+        Level("L2 cache", 768 * KIB, 384.8e9, 300e-9, f"{EPOCH_SIMULATOR} (GTX 580 record)"),
+        Level("GDDR5 global memory", 3.0e9, 192.4e9, 600e-9,
+              f"{EPOCH_SIMULATOR} (GTX 580 3 GB record)"),
         Level("NVLink", None, None, None, "did not exist in 2012 (first in Pascal, 2016)"),
-        Level("PCIe Gen2 x16 (to CPU and other GPUs)", None, 8e9, 5e-6,
-              "PCI-SIG Gen2: 5 GT/s x 16 lanes, 8b/10b = 8 GB/s per direction"),
-        Level("InfiniBand (between nodes)", None, 0.5e9, 5e-6,
-              "cost_model.md: 1e9 B/s bidirectional beyond the node"),
+        Level("PCIe Gen2 x16 (in node of 8)", None, _GTX_NODE.bandwidth_Bps / 2,
+              _GTX_NODE.latency_s,
+              f"the simulator's GTX 580 record ({EPOCH_SIMULATOR}, a guess there): "
+              f"{_GTX_NODE.bandwidth_Bps / 1e9:g} GB/s counting both directions, 5 µs. "
+              "PCIe Gen2 x16's line rate is 8 GB/s each way (5 GT/s x 16 lanes, 8b/10b), "
+              "so the record allows half of what the bus could carry"),
+        Level("InfiniBand (between nodes)", None, _GTX_BEYOND.bandwidth_Bps / 2,
+              _GTX_BEYOND.latency_s,
+              f"the simulator's GTX 580 record ({EPOCH_SIMULATOR}): "
+              f"{_GTX_BEYOND.bandwidth_Bps / 1e9:g} GB/s counting both directions beyond the node"),
         Level("Ethernet 1 GbE (2012 commodity)", None, 0.125e9, 50e-6, "IEEE 802.3 1 GbE"),
     ),
 }
@@ -208,6 +230,56 @@ ROOFLINE_PEAKS: dict[str, RooflinePeaks] = {
     "H100 SXM": RooflinePeaks(989e12, 3.35e12,
                               "H100 datasheet: 989 TFLOP/s dense bf16, 3.35 TB/s HBM3"),
     "A100 SXM": RooflinePeaks(312e12, 1.555e12,
-                              "A100 datasheet: 312 TFLOP/s dense bf16, 1,555 GB/s"),
-    "GTX 580": RooflinePeaks(1.581e12, 192.4e9, "cost_model.md: 1.581 TFLOP/s fp32, 192.4 GB/s"),
+                              "A100 40 GB datasheet: 312 TFLOP/s dense bf16, 1,555 GB/s HBM2"),
+    "GTX 580": RooflinePeaks(1.581e12, 192.4e9,
+                             f"{EPOCH_SIMULATOR} (GTX 580 record): 1.581 TFLOP/s fp32, 192.4 GB/s"),
 }
+
+
+# ---------------------------------------------------------------------------------------
+# What `nvidia-smi topo -m` prints on an 8-GPU H100 node (notebook 00), abridged from the
+# output an NCCL user posted for their 8x H100 SXM server in NVIDIA/nccl issue #1453
+# (https://github.com/NVIDIA/nccl/issues/1453, comment of 2024-09-19). Its NIC0 (no GPU
+# near it, likely a storage or management port) is left out; NIC1..NIC8 are kept.
+# ---------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class TopoSample:
+    source: str
+    gpus: int
+    gpu_link: str                     # what every GPU pair shows (NV18: 18 bonded NVLinks)
+    nic_links: tuple[tuple[str, ...], ...]   # per GPU, its link to NIC1..NIC8
+    cpu_affinity: tuple[str, ...]
+    numa_affinity: tuple[int, ...]
+    legend: tuple[tuple[str, str], ...]
+
+
+TOPO_H100 = TopoSample(
+    source="nvidia-smi topo -m on an 8x H100 SXM node, posted in NVIDIA/nccl issue #1453 "
+           "(github.com/NVIDIA/nccl/issues/1453, 2024-09-19); abridged: its NIC0 column dropped",
+    gpus=8, gpu_link="NV18",
+    nic_links=(
+        ("SYS", "SYS", "SYS", "SYS", "NODE", "NODE", "NODE", "PIX"),
+        ("SYS", "SYS", "SYS", "SYS", "NODE", "NODE", "PIX", "NODE"),
+        ("SYS", "SYS", "SYS", "SYS", "NODE", "PIX", "NODE", "NODE"),
+        ("SYS", "SYS", "SYS", "SYS", "PIX", "NODE", "NODE", "NODE"),
+        ("NODE", "NODE", "NODE", "PIX", "SYS", "SYS", "SYS", "SYS"),
+        ("NODE", "NODE", "PIX", "NODE", "SYS", "SYS", "SYS", "SYS"),
+        ("NODE", "PIX", "NODE", "NODE", "SYS", "SYS", "SYS", "SYS"),
+        ("PIX", "NODE", "NODE", "NODE", "SYS", "SYS", "SYS", "SYS"),
+    ),
+    cpu_affinity=("0-79",) * 4 + ("80-159",) * 4,
+    numa_affinity=(0,) * 4 + (1,) * 4,
+    legend=(
+        ("X", "Self"),
+        ("SYS", "Connection traversing PCIe as well as the SMP interconnect between NUMA nodes "
+                "(e.g., QPI/UPI)"),
+        ("NODE", "Connection traversing PCIe as well as the interconnect between PCIe Host "
+                 "Bridges within a NUMA node"),
+        ("PHB", "Connection traversing PCIe as well as a PCIe Host Bridge (typically the CPU)"),
+        ("PXB", "Connection traversing multiple PCIe bridges (without traversing the PCIe Host "
+                "Bridge)"),
+        ("PIX", "Connection traversing at most a single PCIe bridge"),
+        ("NV#", "Connection traversing a bonded set of # NVLinks"),
+    ),
+)

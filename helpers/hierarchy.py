@@ -57,3 +57,22 @@ def level(gpu: str, prefix: str) -> Level:
 def ratio(gpu: str, faster: str, slower: str) -> float:
     """How many times more bandwidth level `faster` has than level `slower` (name prefixes)."""
     return level(gpu, faster).bandwidth_Bps / level(gpu, slower).bandwidth_Bps
+
+
+def topo_text(sample=None) -> str:
+    """`nvidia-smi topo -m`'s matrix for a cited sample node (helpers.hardware.TOPO_H100):
+    GPU to GPU, GPU to NIC, and each GPU's CPU cores and NUMA node, then the command's legend."""
+    from helpers.hardware import TOPO_H100
+    sample = sample or TOPO_H100
+    n, nics = sample.gpus, len(sample.nic_links[0])
+    header = ([f"GPU{j}" for j in range(n)] + [f"NIC{k + 1}" for k in range(nics)]
+              + ["CPU Affinity", "NUMA Affinity"])
+    rows = [[""] + header]
+    for i in range(n):
+        links = ["X" if i == j else sample.gpu_link for j in range(n)]
+        rows.append([f"GPU{i}"] + links + list(sample.nic_links[i])
+                    + [sample.cpu_affinity[i], str(sample.numa_affinity[i])])
+    widths = [max(len(r[c]) for r in rows) for c in range(len(rows[0]))]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in rows]
+    legend = [f"  {key:<4} = {meaning}" for key, meaning in sample.legend]
+    return "\n".join(lines + ["", "Legend:", ""] + legend)

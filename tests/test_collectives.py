@@ -104,18 +104,47 @@ def test_world_size_out_of_range_is_refused_before_resizing(live):
     assert live.world_size == 4
 
 
-def test_drawing_at_the_extremes():
-    for world_size, length in [(1, 1), (8, 16)]:
-        results = {op: C.expected(op, world_size, length) for op in C.OPS}
-        fig = plot_collectives(results)
-        assert len(fig.axes) == len(C.OPS)
-        assert [ax.get_title() for ax in fig.axes] == list(C.OPS)
+@pytest.mark.parametrize("world_size, length", [(1, 1), (8, 8), (8, 16), (2, 16)])
+def test_drawing_at_the_extremes_stays_legible(world_size, length):
+    from helpers.views.collectives import DIGIT_CELLS
+    results = {op: C.expected(op, world_size, length) for op in C.OPS
+               if not (op in C.SPLITTING_OPS and length % world_size)}
+    fig = plot_collectives(results)
+    assert [ax.get_title(loc="left") for ax in fig.axes] == list(results)
+    for ax, op in zip(fig.axes, results):
+        digits = [t for t in ax.texts if t.get_text().isdigit()]
+        assert all(t.get_fontsize() >= 4.5 for t in digits)
+        after = ax.images[1].get_extent()
+        assert after[1] - after[0] <= max(length, DIGIT_CELLS) + 1e-9   # long rows are shrunk
+    if world_size * length > DIGIT_CELLS:   # gather's 32-64 cells: chunked, no digits
+        gather = fig.axes[list(results).index("gather")]
+        assert any("chunks of" in t.get_text() for t in gather.texts)
 
 
-def test_the_widget_draws_on_live_ranks(live):
-    from helpers.views.collectives import MAX_WIDGET_WORLD_SIZE, widget_collectives
+def test_the_figure_title_has_room_of_its_own():
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    results = {op: C.expected(op, 4, 4) for op in C.OPS}
+    fig = plot_collectives(results, title="The eight collectives")
+    FigureCanvasAgg(fig).draw()
+    renderer = fig.canvas.get_renderer()
+    title = fig._suptitle.get_window_extent(renderer)
+    for ax in fig.axes[:2]:
+        assert ax.title.get_window_extent(renderer).y1 < title.y0
+
+
+def test_the_widget_draws_on_live_ranks_at_its_extremes(live):
+    from helpers.views.collectives import (MAX_LENGTH, MAX_WIDGET_WORLD_SIZE, CollectivesView,
+                                           widget_collectives)
     box = widget_collectives(live)
     size, length = box.children[0].children
-    assert size.max == MAX_WIDGET_WORLD_SIZE
+    note, image = box.children[1], box.children[2]
+    assert size.max == MAX_WIDGET_WORLD_SIZE and length.max == MAX_LENGTH
+    assert not size.continuous_update and not length.continuous_update
     size.value = 3                 # length 4 does not split in 3: the splitting ops are skipped
-    assert live.world_size == 3
+    assert live.world_size == 3 and "Skipped scatter" in note.value
+    view = CollectivesView(live)
+    for world_size, n in [(1, 1), (MAX_WIDGET_WORLD_SIZE, 8), (2, MAX_LENGTH)]:
+        picture, text = view.update(world_size, n)
+        assert picture[:4] == b"\x89PNG" and f"world size {world_size}" in text
+        assert live.world_size == world_size
+    assert view.update(2, MAX_LENGTH)[0] is picture     # drawn once per (world size, length)

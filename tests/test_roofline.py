@@ -55,13 +55,35 @@ def test_widget_numbers_at_slider_extremes(n, dtype):
     assert len(fig.axes[0].get_lines()) >= len(roofs) and fig.axes[0].get_title() == "t"
 
 
-def test_widget_redraws_at_its_extremes(capsys):
-    box = widget_roofline([published("H100 SXM")])
+def test_widget_acts_on_release_over_powers_of_two_and_redraws_at_its_extremes():
+    from helpers.views.hardware import MATRIX_SIZES, RooflineView
+    roofs = [published("H100 SXM"), published("GTX 580")]
+    box = widget_roofline(roofs)
     size, dtype = box.children[0].children
-    size.value, dtype.value = size.min, "bfloat16"
-    size.value = size.max
-    # Outside a kernel the Output widget passes its prints through: one verdict per redraw.
-    assert capsys.readouterr().out.count("H100 SXM: ") == 4
+    image, text = box.children[1], box.children[2]
+    assert not size.continuous_update and [v for _, v in size.options] == list(MATRIX_SIZES)
+    assert "matrix size n" in size.description
+    first = image.value
+    size.value, dtype.value = MATRIX_SIZES[0], "bfloat16"
+    assert image.value != first and "H100 SXM: memory-bound" in text.value
+    size.value = MATRIX_SIZES[-1]
+    assert "H100 SXM: compute-bound" in text.value
+    # The callback itself: marker moved, figure reused, PNG returned.
+    view = RooflineView(roofs)
+    for n in (MATRIX_SIZES[0], MATRIX_SIZES[-1]):
+        picture, verdicts = view.update(n, "bfloat16")
+        assert picture[:4] == b"\x89PNG" and view.label.get_text() == f" n={n} (bfloat16)"
+        assert view.line.get_xdata()[0] == pytest.approx(matmul_intensity(n, "bfloat16"))
+
+
+def test_roofline_legend_is_outside_the_axes():
+    fig = plot_roofline([published("H100 SXM")], {"x": 1.0})
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    FigureCanvasAgg(fig).draw()
+    renderer = fig.canvas.get_renderer()
+    legend = fig.legends[0].get_window_extent(renderer)
+    axes = fig.axes[0].get_window_extent(renderer)
+    assert legend.y1 <= axes.y0   # below the axes: it cannot cover a marker's label
 
 
 def test_measurements_are_positive_and_plausible():
@@ -78,6 +100,7 @@ def test_hierarchy_tables_and_ratios():
     for gpu in HIERARCHY:
         fig = plot_hierarchy(gpu)
         assert fig.axes[0].get_title().startswith(gpu)
+        assert fig.axes[0].get_xscale() == "log"     # bandwidth on a log axis
         assert len(hierarchy.sources(gpu).splitlines()) == len(HIERARCHY[gpu])
     assert [ax.get_title().split(":")[0] for ax in plot_hierarchy(list(HIERARCHY)).axes] == \
         list(HIERARCHY)
@@ -90,4 +113,33 @@ def test_hierarchy_per_direction_agrees_with_the_cost_model_records():
         return hierarchy.level(gpu, prefix).bandwidth_Bps
     assert H100_SXM.network_levels[0].bandwidth_Bps / 2 == per_direction("H100 SXM", "NVLink")
     assert H100_SXM.network_levels[1].bandwidth_Bps / 2 == per_direction("H100 SXM", "InfiniBand")
+    assert GTX_580.network_levels[0].bandwidth_Bps / 2 == per_direction("GTX 580", "PCIe")
     assert GTX_580.network_levels[1].bandwidth_Bps / 2 == per_direction("GTX 580", "InfiniBand")
+    assert hierarchy.level("GTX 580", "PCIe").latency_s == GTX_580.network_levels[0].latency_s
+
+
+def test_a100_40gb_is_hbm2():
+    assert hierarchy.level("A100 SXM", "HBM2").name == "HBM2"
+    assert "HBM2e" not in hierarchy.table("A100 SXM")
+
+
+def test_topo_sample_is_cited_and_consistent():
+    from helpers.hardware import TOPO_H100
+    text = hierarchy.topo_text()
+    assert "nccl/issues/1453" in TOPO_H100.source
+    lines = text.splitlines()
+    assert lines[0].split()[:8] == [f"GPU{i}" for i in range(8)]
+    for i in range(8):
+        row = lines[1 + i].split()
+        assert row[0] == f"GPU{i}" and row[1 + i] == "X" and row.count("NV18") == 7
+        assert row.count("PIX") == 1        # one NIC behind the same PCIe switch per GPU
+    assert "NV#" in text
+
+
+def test_node_picture_has_sixteen_gpus_and_the_cited_links():
+    from helpers.views.hardware import plot_node
+    fig = plot_node("H100 SXM", nodes=2)
+    texts = [t.get_text() for t in fig.axes[0].texts]
+    assert sum(t.startswith("GPU ") for t in texts) == 16
+    assert texts.count("NVSwitch") == 8 and texts.count("NIC") == 16
+    assert any("450 GB/s" in t and "50 GB/s" in t for t in texts)

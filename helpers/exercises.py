@@ -1,0 +1,136 @@
+"""Checked exercises: each `check_*` says right or wrong and why, so a reader can test an answer alone."""
+from __future__ import annotations
+from dataclasses import dataclass
+
+@dataclass(frozen=True)
+class Verdict:
+    right: bool
+    why: str
+    def __str__(self) -> str:
+        return ("✓ right: " if self.right else "✗ not yet: ") + self.why
+    def _repr_markdown_(self) -> str:
+        return str(self)
+
+def close_to(answer: float, expected: float, rel: float = 0.02) -> bool:
+    return abs(answer - expected) <= rel * abs(expected)
+
+
+# --- notebooks 00 and 01 ----------------------------------------------------------------------
+
+def numeric_verdict(answer: float, expected: float, right: str,
+                    mistakes: tuple[tuple[float, str], ...], otherwise: str) -> Verdict:
+    """Right if `answer` is close to `expected`; else the hint of the first known mistake
+    (a value it is close to), else `otherwise`."""
+    if close_to(answer, expected):
+        return Verdict(True, right)
+    for value, hint in mistakes:
+        if close_to(answer, value):
+            return Verdict(False, hint)
+    return Verdict(False, otherwise)
+
+
+# --- notebook 00: the hardware hierarchy ----------------------------------------------------
+
+def check_hardware_ridge(answer: float) -> Verdict:
+    """Exercise: the A100 SXM's ridge point, in FLOP per byte (dense bf16 peak over HBM)."""
+    from helpers.cost.roofline import published
+    a100 = published("A100 SXM")
+    why = (f"{a100.peak_flops / 1e12:.0f} TFLOP/s ÷ {a100.memory_Bps / 1e12:.3f} TB/s = "
+           f"{a100.ridge:.0f} FLOP/byte")
+    return numeric_verdict(
+        answer, a100.ridge,
+        why + ": a kernel needs that many FLOPs per byte it moves to keep the A100's arithmetic busy.",
+        ((a100.memory_Bps / a100.peak_flops,
+          "that is bytes per FLOP; the ridge is peak FLOP/s over bytes/s."),),
+        f"{answer:g} is not the ridge: divide the peak FLOP/s by the memory bytes/s (both in "
+        "ROOFLINE_PEAKS).")
+
+
+def check_hardware_compute_bound_n(answer: int) -> Verdict:
+    """Exercise: the smallest n for which an n×n×n bf16 matmul is compute-bound on an H100."""
+    from helpers.cost.roofline import bound, matmul_intensity, published
+    h100 = published("H100 SXM")
+    n = 1
+    while bound(matmul_intensity(n, "bfloat16"), h100) != "compute-bound":
+        n += 1
+    why = (f"intensity n/3 must reach the ridge {h100.ridge:.1f} FLOP/byte, so n ≥ "
+           f"3 × {h100.ridge:.1f} = {3 * h100.ridge:.1f}: n = {n}")
+    if answer == n:
+        return Verdict(True, why + ".")
+    if answer == n - 1:
+        return Verdict(False, f"n = {answer} is just below the ridge; round up, not down.")
+    if abs(answer - round(6 * h100.ridge)) <= 1:
+        return Verdict(False, "that is the fp32 answer (n/6); a bf16 element is 2 bytes, so "
+                       "the intensity is n/3.")
+    return Verdict(False, f"n = {answer} is {bound(matmul_intensity(max(answer, 1), 'bfloat16'), h100)}"
+                   " but not the smallest such n: solve n/3 ≥ ridge.")
+
+
+def check_hardware_send_time(answer: float) -> Verdict:
+    """Exercise: seconds to send 16 GB (8 billion bf16 parameters) from one H100 to a GPU in
+    another node, one way, over its own InfiniBand NDR link."""
+    from helpers.hierarchy import level
+    ib, nvlink = level("H100 SXM", "InfiniBand"), level("H100 SXM", "NVLink")
+    seconds = 16e9 / ib.bandwidth_Bps
+    why = (f"16 GB ÷ {ib.bandwidth_Bps / 1e9:.0f} GB/s = {seconds:.2f} s (the 5 µs latency is "
+           f"negligible); over NVLink inside the node it would be {16e9 / nvlink.bandwidth_Bps:.3f} s")
+    return numeric_verdict(
+        answer, seconds, why + ".",
+        ((seconds / 2, "that uses 100 GB/s, the link's two directions added; one way is half "
+                       "of that."),),
+        f"{answer:g} s is not it: divide the bytes by the per-direction InfiniBand bandwidth of "
+        "hierarchy.table('H100 SXM').")
+
+
+# --- notebook 01: collectives ---------------------------------------------------------------
+
+def _as_list(answer) -> list[float]:
+    if isinstance(answer, (int, float)):
+        return [float(answer)]
+    return [float(v) for v in (answer.tolist() if hasattr(answer, "tolist") else answer)]
+
+
+def check_collectives_reduce_scatter(answer) -> Verdict:
+    """Exercise: 8 ranks, rank r holds arange(8) + r; what does rank 3 hold after a
+    reduce-scatter (sum)?"""
+    from helpers.parallel.collectives import expected
+    want = expected("reduce_scatter", 8, 8)[3]["after"].tolist()
+    got = _as_list(answer)
+    why = (f"element 3 summed over the 8 ranks is 8·3 + (0+1+…+7) = {want[0]:g}; "
+           "rank 3 keeps chunk 3 of the sum, and with 8 elements on 8 ranks a chunk is one element")
+    if got == want:
+        return Verdict(True, why + ".")
+    if got == expected("all_reduce", 8, 8)[3]["after"].tolist():
+        return Verdict(False, "that is the all-reduce result; a reduce-scatter leaves each rank "
+                       "only its own chunk of it.")
+    return Verdict(False, f"{got} is not it: sum element 3 over all ranks (rank r holds 3 + r "
+                   "there).")
+
+
+def check_collectives_all_to_all(answer) -> Verdict:
+    """Exercise: 4 ranks, rank r holds 10r + [0, 1, 2, 3]; what does rank 2 hold after an
+    all-to-all?"""
+    from helpers.parallel.collectives import expected
+    want = expected("all_to_all", 4, 4)[2]["after"].tolist()
+    got = _as_list(answer)
+    why = f"rank 2 receives chunk 2 of every rank, in rank order: {[int(v) for v in want]}"
+    if got == want:
+        return Verdict(True, why + " (a transpose of the rank × chunk grid).")
+    if sorted(got) == sorted(want):
+        return Verdict(False, "right elements, wrong order: chunks arrive in the order of the "
+                       "ranks that sent them.")
+    return Verdict(False, f"{got} is not it: rank j sends its chunk 2 (element 2 of 10j + "
+                   "[0, 1, 2, 3]) to rank 2.")
+
+
+def check_collectives_ring_bytes(answer: float) -> Verdict:
+    """Exercise: a ring all-reduce of a 1 GB buffer on 8 ranks; how many GB does each rank
+    send?"""
+    from helpers.cost.alpha_beta import OPS
+    factor = OPS["all_reduce"].bus_factor(8)
+    half = "that is one half (a reduce-scatter or an all-gather); the all-reduce is both."
+    right = (f"reduce-scatter sends 7 chunks of 1/8 GB, then all-gather 7 more: 2·(p−1)/p = "
+             f"{factor:g} GB per rank, nearly twice the buffer however many ranks there are.")
+    hint = (f"{answer:g} GB is not it: count the chunks each rank sends in the reduce-scatter, "
+            "then in the all-gather.")
+    return numeric_verdict(answer, factor, right, ((factor / 2, half),), hint)
