@@ -227,9 +227,11 @@ def test_form_speaks_units_and_round_trips_every_preset():
 
 def test_a_configuration_equal_to_one_shown_is_flagged_not_hidden():
     app = small_app()
+    app.on_run()
     app.on_preset({"new": H100_SXM.name})
-    cfg = app.on_add()
+    cfg = app.on_add()  # results are shown, so adding re-runs
     assert cfg is not None and "(= H100)" in cfg.name and "same hardware" in app.f_message.value
+    assert list(app.curves) == ["H100", cfg.name]
     fig = app.on_mfu()
     labels = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
     assert labels == ["H100", f"{cfg.name} (same curve as H100)"]
