@@ -234,7 +234,9 @@ def test_a_configuration_equal_to_one_shown_is_flagged_not_hidden():
     assert list(app.curves) == ["H100", cfg.name]
     fig = app.on_mfu()
     labels = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
-    assert labels == ["H100", f"{cfg.name} (same curve as H100)"]
+    assert labels == ["H100", cfg.name]  # its name already says "(= H100)"
+    other = plot_mfu({"a": app.curves["H100"], "b": app.curves[cfg.name]})
+    assert other.axes[0].get_legend().get_texts()[1].get_text() == "b (same curve as a)"
     dashed = [ln for ln in fig.axes[0].lines if ln.get_label() == labels[1]]
     assert dashed[0].get_linestyle() == "--"
 

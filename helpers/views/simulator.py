@@ -65,7 +65,8 @@ def plot_mfu(curves: dict[str, Curve], relative: bool = False) -> Figure:
         scale = 1 / curve.gpu.effective_utilization if relative else 1.0
         pts = curve.feasible
         twin = next((other for other, c in seen if same_curve(c, curve)), None)
-        label = name if twin is None else f"{name} (same curve as {twin})"
+        label = (name if twin is None or f"(= {twin})" in name
+                 else f"{name} (same curve as {twin})")
         style = dict(marker=".") if twin is None else dict(ls="--", marker="o", mfc="none",
                                                            ms=7)
         line, = ax.plot([p.model.C for p in pts], [p.mfu * scale for p in pts], label=label,
@@ -87,7 +88,7 @@ def plot_mfu(curves: dict[str, Curve], relative: bool = False) -> Figure:
     ax.set_ylabel("MFU ÷ the GPU's ceiling" if relative else "MFU (against peak FLOP/s)")
     ax.set_ylim(0, 1.05 if relative else 1)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8, loc="lower left")
+    ax.legend(fontsize=8, loc="upper right")
     ax.set_title("dashed: τ × ceiling · ★ largest compute at or above it · ○ linear scaling "
                  "ends · dotted: first infeasible point", fontsize=9)
     return fig
