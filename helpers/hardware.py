@@ -2,8 +2,10 @@
 
 Two views of the same machines:
 
-* `GPU` — the record of the cost model (../shared/specs/cost_model.md §1): the fields the
-  simulator's matmul and network times are computed from. `PRESETS` holds the spec's GPUs.
+* `GPU` — the hardware record of the cost model of notebook 06 (Erdil & Schneider-Joseph,
+  *Data movement limits to frontier model training*, 2024; docs/cost_model.md §1): the fields
+  the simulator's matmul and network times are computed from. `PRESETS` holds the paper's GPUs
+  and network variants, and the GTX 580 of Epoch AI's simulator announcement.
 * `HIERARCHY` — the memory and network hierarchy a reader should keep in mind (notebook 00):
   per level, capacity, bandwidth per direction and latency, with the source of each number.
 """
@@ -32,7 +34,7 @@ class NetworkLevel:
 
 @dataclass(frozen=True)
 class GPU:
-    """The hardware record of the cost model, per GPU (spec §1)."""
+    """The hardware record of the cost model, per GPU (docs/cost_model.md §1)."""
 
     name: str
     bitwidth: int
@@ -49,7 +51,7 @@ class GPU:
     latency_per_matmul_s: float
     network_levels: tuple[NetworkLevel, ...] = field(default_factory=tuple)
 
-    # Derived quantities, named as in the spec.
+    # Derived quantities, named as in the paper's reference code.
     @property
     def bytes_per_word(self) -> float:
         return self.bitwidth / 8
@@ -101,7 +103,11 @@ A100_SXM = _spec_gpu("A100 SXM", 16, 108, 1410, 0.85, 1555e9, 5603e9, 40, 40e9, 
 H100_SXM = _spec_gpu("H100 SXM", 32, 132, 1830, 0.70, 3352e9, 6441e9, 50, 80e9, (9e11, 1e11), True)
 H100_PCIE = _spec_gpu("H100 PCIe", 32, 114, 1620, 0.55, 2039e9, 5563e9, 50, 80e9, (9e11, 1e11), True)
 
-# 2012's consumer card: the simulator announcement's record (starred values there are guesses).
+# 2012's consumer card (AlexNet's), as Epoch AI's simulator announcement (2024) gives it. The
+# authors marked three kinds of value as their guesses: the effective utilization (0.85), the
+# fixed latency per matmul (22.5 µs) and the network latencies (5 µs per level). The links are
+# PCIe-class: 8 GB/s inside a node of 8, 1 GB/s beyond, counted in both directions.
+# helpers.simulator.gtx580 varies each of these (notebook 06, section 7).
 GTX_580 = GPU(
     name="GTX 580", bitwidth=32, flop_per_clock_per_thread={32: 1 / 2, 64: 1 / 16},
     register_bytes_per_processing_block=128 * KIB, num_sms=16,

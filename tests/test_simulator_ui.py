@@ -4,16 +4,20 @@ from __future__ import annotations
 import base64
 import json
 import re
+from dataclasses import replace
 
+import ipywidgets as W
 import pytest
 
-from helpers.hardware import GTX_580, H100_SXM
+from helpers.hardware import GTX_580, H100_SXM, PRESETS
+from helpers.simulator.config import gpu_to_json
 from helpers.simulator.curve import run_curve
 from helpers.simulator.settings import Settings
-from helpers.views.simulator import (Configuration, SimulatorApp, breakdown_parts,
+from helpers.simulator.report import breakdown
+from helpers.views.simulator import (TABS, Configuration, SimulatorApp, breakdown_parts,
                                      configuration_from_form, describe, form_values,
-                                     plot_breakdown, summary_html, summary_rows,
-                                     widget_simulator)
+                                     plot_breakdown, plot_mfu, scaled_gpu, summary_html,
+                                     summary_rows, widget_simulator)
 
 
 def small_app(**kw) -> SimulatorApp:
@@ -23,12 +27,13 @@ def small_app(**kw) -> SimulatorApp:
 @pytest.mark.parametrize("months, threshold", [(0.25, 1.0), (24, 0.05)])
 def test_run_at_slider_extremes(months, threshold):
     app = small_app()
-    app.months.value = app.months.min if months < 1 else app.months.max
+    app.months.value = app.months.min if months < 1 else app.months.max  # runs on release
     app.threshold.value = app.threshold.max if threshold == 1.0 else app.threshold.min
-    curves = app.on_run()
+    curves = app.curves
     curve = curves["H100"]
     assert curve.settings.months == app.months.value
-    assert app.progress.value == 1.0 and not app.run_button.disabled
+    assert curve.settings.threshold == app.threshold.value
+    assert app.progress.value == 1.0
     (row,) = summary_rows(curves)
     end = row.linear_scaling_ends
     if threshold == 1.0:  # nothing reaches the ceiling itself: scaling "ends" at once
@@ -38,7 +43,8 @@ def test_run_at_slider_extremes(months, threshold):
     largest = row.largest_feasible
     assert largest.months <= months
     assert largest.cost_usd is None  # no price for an H100 unless one is given
-    assert "<td>H100</td>" in summary_html([row])
+    table = summary_html([row])
+    assert "<td>H100</td>" in table and table.count("<th>") == 7  # seven columns fit the tab
 
 
 def test_longer_runs_push_the_wall_out():
@@ -150,5 +156,118 @@ def test_describe_names_the_layout():
 def test_the_layout_holds_the_apps_controls():
     app = small_app()
     box = widget_simulator(app)
-    assert box.children[0].children == (app.months, app.threshold)
-    assert app.run_button in box.children[4].children
+    assert box.children[0].children == (app.months, app.threshold, app.latency, app.bandwidth)
+    assert all(not w.continuous_update for w in box.children[0].children)  # act on release
+    tabs = box.children[5]
+    assert [tabs.get_title(i) for i in range(4)] == list(TABS)
+    assert all(len(t) <= 18 for t in TABS)  # JupyterLab cuts tab titles near 20 characters
+    assert box.children[-1] is app.download
+
+
+def test_sliders_rerun_on_release_and_threshold_only_rereads(monkeypatch):
+    app = small_app()
+    app.on_run()
+    app.latency.value = 10 ** app.latency.max  # ten times every latency: the wall comes closer
+    near = app.curves["H100"]
+    app.latency.value = 1.0
+    base = app.curves["H100"]
+    assert near.points[-1].model.C < base.points[-1].model.C
+    app.bandwidth.value = 10 ** app.bandwidth.min  # a tenth of every network bandwidth
+    assert app.curves["H100"].linear_scaling_ends().model.C < base.linear_scaling_ends().model.C
+    app.bandwidth.value = 1.0  # back to a cached curve
+    assert app.curves["H100"].points == base.points
+
+    def no_search(*a, **k):
+        raise AssertionError("the threshold must not re-run the search")
+
+    monkeypatch.setattr("helpers.views.simulator.run_curve", no_search)
+    app.threshold.value = 0.5
+    assert app.curves["H100"].mfu_bar == pytest.approx(0.5 * H100_SXM.effective_utilization)
+    assert app.curves["H100"].points == base.points
+
+
+def test_scaled_gpu_scales_every_latency_and_bandwidth():
+    g = scaled_gpu(H100_SXM, latency=0.1, bandwidth=10)
+    assert g.latency_per_matmul_s == pytest.approx(4.5e-7)
+    assert [lv.bandwidth_Bps for lv in g.network_levels] == [9e12, 1e12]
+    assert [lv.latency_s for lv in g.network_levels] == pytest.approx([1.125e-7] * 2)
+    assert scaled_gpu(H100_SXM) is H100_SXM
+
+
+def _close(a, b) -> bool:
+    """Equal, floats to 12 significant digits, inside dicts and lists."""
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(_close(a[k], b[k]) for k in a)
+    if isinstance(a, list):
+        return len(a) == len(b) and all(map(_close, a, b))
+    if isinstance(a, float):
+        return a == pytest.approx(b, rel=1e-12)
+    return a == b
+
+
+def test_form_speaks_units_and_round_trips_every_preset():
+    app = small_app()
+    labels = " ".join(w.value for row in app.form.children if isinstance(row, W.HBox)
+                      for w in row.children if isinstance(w, W.Label))
+    for unit in ("TB/s", "GB", "MiB", "KiB", "MHz", "µs", "USD"):
+        assert unit in labels
+    assert app.f_gpu["hbm_Bps"].value == 3.352 and app.f_gpu["hbm_bytes"].value == 80
+    assert app.f_gpu["latency_per_matmul_s"].value == 4.5
+    assert app.f_level_widgets[0][0].value == 900 and "GB/s" in app.f_level_widgets[0][0].description
+    for name, gpu in PRESETS.items():
+        app.f_preset.value = name
+        cfg = configuration_from_form(app.get_form())
+        # equal to 12 significant digits (the form rounds 1.1250000000000001e-07 to 1.125e-07);
+        # the form holds the FLOP per clock at the training precision only
+        fpct = {gpu.bitwidth: gpu.flop_per_clock_per_thread[gpu.bitwidth]}
+        got = gpu_to_json(replace(cfg.gpu, name=gpu.name))
+        want = gpu_to_json(replace(gpu, flop_per_clock_per_thread=fpct))
+        assert _close(got, want), name
+
+
+def test_a_configuration_equal_to_one_shown_is_flagged_not_hidden():
+    app = small_app()
+    app.on_run()
+    app.on_preset({"new": H100_SXM.name})
+    cfg = app.on_add()  # results are shown, so adding re-runs
+    assert cfg is not None and "(= H100)" in cfg.name and "same hardware" in app.f_message.value
+    assert list(app.curves) == ["H100", cfg.name]
+    fig = app.on_mfu()
+    labels = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+    assert labels == ["H100", cfg.name]  # its name already says "(= H100)"
+    other = plot_mfu({"a": app.curves["H100"], "b": app.curves[cfg.name]})
+    assert other.axes[0].get_legend().get_texts()[1].get_text() == "b (same curve as a)"
+    dashed = [ln for ln in fig.axes[0].lines if ln.get_label() == labels[1]]
+    assert dashed[0].get_linestyle() == "--"
+
+
+def test_mfu_plot_draws_the_bar_and_marks_the_largest_efficient_point():
+    curve = run_curve(GTX_580, Settings(), max_compute=2e26)
+    fig = plot_mfu({"GTX 580": curve})
+    ax = fig.axes[0]
+    bars = [ln for ln in ax.lines if list(ln.get_ydata()) == [curve.mfu_bar] * 2]
+    assert bars, "the τ × ceiling line"
+    best = curve.max_feasible_at_threshold()
+    stars = [ln for ln in ax.lines if ln.get_marker() == "*"]
+    assert list(stars[0].get_xdata()) == [best.model.C]
+    rel = plot_mfu({"GTX 580": curve}, relative=True).axes[0]
+    assert any(list(ln.get_ydata()) == pytest.approx([0.8, 0.8]) for ln in rel.lines)
+    assert "ceiling" in rel.get_ylabel()
+
+
+def test_breakdown_splits_the_matmul_latency_floor_from_arithmetic():
+    curve = run_curve(GTX_580, Settings(), max_compute=1e25)
+    point = curve.points[0]
+    q, m = point.plan, point.model
+    parts = breakdown_parts(point, Settings())
+    floor = 6 * (m.L // q.pp) * q.m * GTX_580.latency_per_matmul_s
+    assert parts["matmul latency floor"] == pytest.approx(floor)
+    assert parts["matmul arithmetic"] + floor == pytest.approx(q.time.matmul)
+    cli = breakdown(point, Settings())
+    assert cli["matmul_latency"] + cli["matmul_arithmetic"] == pytest.approx(cli["compute"])
+
+
+def test_download_is_a_button():
+    app = small_app()
+    app.on_run()
+    assert "Download results" in app.download.value and "background" in app.download.value

@@ -1,4 +1,4 @@
-"""The curve of spec §7: every grid model, its cluster and best layout, until the latency wall.
+"""The curve: every grid model, its cluster and best layout, until the latency wall.
 
 `run_curve` is the one entry point the CLI, the notebook and the benchmark share. A point is
 a grid model plus the plan the search found for it; an infeasible point (no cluster finishes
@@ -23,6 +23,17 @@ class Point:
     plan: Plan | None  # None: infeasible (past the latency wall)
     peak_flops: float
     duration_s: float
+    latency_per_matmul_s: float = 0.0  # the GPU's fixed cost per matmul, for the breakdown
+
+    @property
+    def matmul_latency_s(self) -> float:
+        """The part of the step's matmul time that is the fixed latency of each matmul:
+        six matmuls per layer and micro-batch, on the `L/PP` layers and `E/EP` experts of
+        one stage, `m` micro-batches. The rest of the matmul time is arithmetic and memory."""
+        if self.plan is None:
+            return 0.0
+        m, q = self.model, self.plan
+        return 6 * (m.L // q.pp) * (m.s // q.ep) * q.m * self.latency_per_matmul_s
 
     @property
     def feasible(self) -> bool:
@@ -89,7 +100,8 @@ def run_curve(gpu: GPU, settings: Settings, sizer: Sizer | None = None,
     points = []
     for i, model in enumerate(models):
         plan = sizer(gpu, model, settings)
-        points.append(Point(model, plan, gpu.peak_flops, settings.duration_s))
+        points.append(Point(model, plan, gpu.peak_flops, settings.duration_s,
+                            gpu.latency_per_matmul_s))
         if progress is not None:
             progress(i + 1, len(models))
         if plan is None:

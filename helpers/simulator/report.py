@@ -26,12 +26,20 @@ def _finite(x):
 
 
 def breakdown(point: Point, settings) -> dict[str, float] | None:
-    """Seconds of one step by cause; `bubble` is the pipeline time lost to idle stages."""
+    """Seconds of one step by cause; `bubble` is the pipeline time lost to idle stages.
+
+    `compute` is all matmul time; it splits into `matmul_latency` (the fixed cost of each
+    matmul, however small its shard) and `matmul_arithmetic` (the rest: FLOP or memory
+    traffic, whichever bounds each matmul).
+    """
     if point.plan is None:
         return None
     t = point.plan.time
+    lat = point.matmul_latency_s
     return {
         "compute": t.matmul,
+        "matmul_arithmetic": t.matmul - lat,
+        "matmul_latency": lat,
         "tp_bandwidth": t.tp_bw,
         "pp_ep_bandwidth": t.ppep_bw,
         "dp_bandwidth": t.dp_bw,

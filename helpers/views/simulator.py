@@ -4,22 +4,21 @@ controls.
 
 Everything a reader sees is computed by the functions here from `Curve`s, so the tests call
 the same functions (and the app's callbacks) without a browser. Printed text says width,
-experts and tokens per batch where the spec writes d, s and B (see `helpers.simulator`).
+experts and tokens per batch, never d, s or B: in this course d is the data-parallel degree,
+s the sequence length and b the micro-batch (see `helpers.simulator`).
 """
 from __future__ import annotations
 
 import base64
 import html
 from dataclasses import dataclass, replace
-from typing import Callable
-
 import ipywidgets as W
 from IPython.display import display
 from matplotlib.figure import Figure
 
-from helpers.hardware import GPU, GTX_580, H100_SXM, NetworkLevel, PRESETS
+from helpers.hardware import GPU, GTX_580, H100_SXM, KIB, MIB, NetworkLevel, PRESETS
 
-from helpers.simulator.config import PRICES_USD, validate_gpu
+from helpers.simulator.config import PRICES_USD, gpu_to_json, validate_gpu
 from helpers.simulator.curve import Curve, Point, run_curve
 from helpers.simulator.report import SECONDS_PER_MONTH, bubble_seconds, dumps, price_of
 from helpers.simulator.settings import BATCH_LAWS, SCHEDULES, Settings, validate_settings
@@ -43,51 +42,64 @@ def default_configurations() -> list[Configuration]:
     ]
 
 
-def compute(configs: list[Configuration], months: float, threshold: float,
-            progress: Callable[[float], None] | None = None) -> dict[str, Curve]:
-    """Curves of the included configurations, with the shared duration and threshold."""
-    chosen = [c for c in configs if c.included]
-    out = {}
-    for i, cfg in enumerate(chosen):
-        settings = replace(cfg.settings, months=months, threshold=threshold)
-        step = (lambda done, total, i=i: progress((i + done / total) / len(chosen))) \
-            if progress else None
-        out[cfg.name] = run_curve(cfg.gpu, settings, progress=step)
-    if progress:
-        progress(1.0)
-    return out
-
-
 # --- figures and tables: pure functions of curves --------------------------------------
 
-def plot_mfu(curves: dict[str, Curve]) -> Figure:
-    """Tab 1: MFU against training compute, one line per configuration."""
+def same_curve(a: Curve, b: Curve) -> bool:
+    """Two curves with the same points (compute and MFU): one would hide the other."""
+    return [(p.model.C, p.mfu) for p in a.points] == [(p.model.C, p.mfu) for p in b.points]
+
+
+def plot_mfu(curves: dict[str, Curve], relative: bool = False) -> Figure:
+    """MFU against training compute, one line per configuration.
+
+    Each curve gets its bar, τ × its ceiling, as a dashed line of its colour, a star on its
+    largest compute at or above the bar and a circle where linear scaling ends. With
+    `relative`, MFU is divided by each GPU's ceiling (its effective utilization), so GPUs
+    with different ceilings share one bar, τ. A curve identical to an earlier one is drawn
+    dashed and hollow and says so in the legend instead of hiding under it.
+    """
     fig = Figure(figsize=(8, 4.5))
     ax = fig.subplots()
+    seen: list[tuple[str, Curve]] = []
     for name, curve in curves.items():
+        scale = 1 / curve.gpu.effective_utilization if relative else 1.0
         pts = curve.feasible
-        line, = ax.plot([p.model.C for p in pts], [p.mfu for p in pts], marker=".", label=name)
+        twin = next((other for other, c in seen if same_curve(c, curve)), None)
+        label = (name if twin is None or f"(= {twin})" in name
+                 else f"{name} (same curve as {twin})")
+        style = dict(marker=".") if twin is None else dict(ls="--", marker="o", mfc="none",
+                                                           ms=7)
+        line, = ax.plot([p.model.C for p in pts], [p.mfu * scale for p in pts], label=label,
+                        **style)
+        color = line.get_color()
+        ax.axhline(curve.mfu_bar * scale, color=color, ls="--", lw=0.8, alpha=0.7)
         end = curve.linear_scaling_ends()
         if end is not None and end.feasible:
-            ax.plot([end.model.C], [end.mfu], "o", mfc="none", ms=10, color=line.get_color())
+            ax.plot([end.model.C], [end.mfu * scale], "o", mfc="none", ms=10, color=color)
+        best = curve.max_feasible_at_threshold()
+        if best is not None:
+            ax.plot([best.model.C], [best.mfu * scale], "*", ms=13, color=color, mec="black",
+                    mew=0.6)
         if len(curve.points) > len(pts):  # the latency wall: first infeasible grid point
-            ax.axvline(curve.points[-1].model.C, color=line.get_color(), ls=":", lw=1)
+            ax.axvline(curve.points[-1].model.C, color=color, ls=":", lw=1)
+        seen.append((name, curve))
     ax.set_xscale("log")
     ax.set_xlabel("training compute C (FLOP)")
-    ax.set_ylabel("MFU (against peak FLOP/s)")
-    ax.set_ylim(0, 1)
+    ax.set_ylabel("MFU ÷ the GPU's ceiling" if relative else "MFU (against peak FLOP/s)")
+    ax.set_ylim(0, 1.05 if relative else 1)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    ax.set_title("circles: linear scaling ends; dotted: first infeasible grid point")
+    ax.legend(fontsize=8, loc="upper right")
+    ax.set_title("dashed: τ × ceiling · ★ largest compute at or above it · ○ linear scaling "
+                 "ends · dotted: first infeasible point", fontsize=9)
     return fig
 
 
 DEGREES = (("dp", "DP"), ("tp_model", "TP_model"), ("tp_ff", "TP_ff"), ("pp", "PP"),
-           ("ep", "EP"), ("m", "microbatches m"))
+           ("ep", "EP"), ("m", "micro-batches m"))
 
 
 def plot_degrees(curve: Curve, name: str = "") -> Figure:
-    """Tab 2: how each parallel degree of the best layout grows with compute."""
+    """How each parallel degree of the best layout grows with compute."""
     fig = Figure(figsize=(8, 4.5))
     ax = fig.subplots()
     pts = curve.feasible
@@ -125,7 +137,7 @@ class SummaryCell:
 
 @dataclass(frozen=True)
 class SummaryRow:
-    """Tab 3's row: a configuration's three summary points (the `Curve` methods' names)."""
+    """A configuration's three summary points (the `Curve` methods' names)."""
 
     configuration: str
     price_per_gpu: float | None
@@ -135,12 +147,12 @@ class SummaryRow:
 
 
 SUMMARIES = (("linear_scaling_ends", "linear scaling ends"),
-             ("max_feasible_at_threshold", "max feasible compute at τ"),
+             ("max_feasible_at_threshold", "largest compute at MFU ≥ τ × ceiling"),
              ("largest_feasible", "largest feasible run"))
 
 
 def summary_rows(curves: dict[str, Curve]) -> list[SummaryRow]:
-    """Tab 3: per configuration, the three summary points with GPUs, duration and cost."""
+    """Per configuration, the three summary points with GPUs, duration and cost."""
     rows = []
     for name, curve in curves.items():
         price = price_of(curve)
@@ -169,34 +181,45 @@ def _fmt(x, spec):
     return "—" if x is None else format(x, spec)
 
 
+_CELLS = (("compute_flop", ".3g"), ("mfu", ".3f"), ("n_gpus", ".3g"), ("months", ".2f"),
+          ("cost_usd", ".3g"))
+
+
 def summary_html(rows: list[SummaryRow]) -> str:
-    head = "".join(f"<th colspan=5>{html.escape(label)}</th>" for _, label in SUMMARIES)
-    sub = "<th>C (FLOP)</th><th>MFU</th><th>GPUs</th><th>months</th><th>cost (USD)</th>" * 3
+    """The largest-runs table: one line per configuration and summary point, seven narrow
+    columns, so it fits the tab."""
+    head = ("<tr><th>configuration</th><th>summary point</th><th>C (FLOP)</th><th>MFU</th>"
+            "<th>GPUs</th><th>months</th><th>cost (USD)</th></tr>")
     body = []
     for r in rows:
-        cells = [f"<td>{html.escape(r.configuration)}</td>"]
-        for attr, _ in SUMMARIES:
+        for k, (attr, label) in enumerate(SUMMARIES):
             c = getattr(r, attr)
-            cells += [f"<td>{_fmt(getattr(c, key), spec)}</td>" for key, spec in (
-                ("compute_flop", ".3g"), ("mfu", ".3f"), ("n_gpus", ".3g"), ("months", ".2f"),
-                ("cost_usd", ".3g"))]
-        body.append("<tr>" + "".join(cells) + "</tr>")
-    return (f"<table><tr><th rowspan=2>configuration</th>{head}</tr><tr>{sub}</tr>"
-            + "".join(body) + "</table><p>cost = GPUs × price per GPU (hardware only); "
-            "— where no price is set or no point qualifies.</p>")
+            name = html.escape(r.configuration) if k == 0 else ""
+            top = " style='border-top:1px solid #999'" if k == 0 else ""
+            body.append(f"<tr{top}><td>{name}</td><td>{html.escape(label)}</td>" + "".join(
+                f"<td>{_fmt(getattr(c, key), spec)}</td>" for key, spec in _CELLS) + "</tr>")
+    return ("<table style='font-size:12px;border-collapse:collapse;max-width:100%'>"
+            + head + "".join(body) + "</table><p style='font-size:12px'>cost = GPUs × price "
+            "per GPU (hardware only); — where no price is set or no point qualifies.</p>")
 
 
 def breakdown_parts(point: Point, settings: Settings) -> dict[str, float]:
-    """Seconds of one step by cause, as the model charges them (exposed latency only)."""
+    """Seconds of one step by cause, as the model charges them (exposed latency only).
+
+    The matmul time is split: its fixed latency per matmul (a floor no number of GPUs
+    lowers) and the rest, arithmetic or memory traffic."""
     t = point.plan.time
     lat = t.dp_lat + (0.0 if point.plan.zero_bubble else t.tp_lat + t.ppep_lat)
-    return {"compute": t.matmul, "TP bandwidth": t.tp_bw, "PP/EP bandwidth": t.ppep_bw,
-            "DP bandwidth": t.dp_bw, "latency": lat, "bubble": bubble_seconds(t, settings)}
+    floor = point.matmul_latency_s
+    return {"matmul arithmetic": t.matmul - floor, "matmul latency floor": floor,
+            "TP bandwidth": t.tp_bw, "PP/EP bandwidth": t.ppep_bw,
+            "DP bandwidth": t.dp_bw, "network latency": lat,
+            "bubble": bubble_seconds(t, settings)}
 
 
 def plot_breakdown(point: Point, settings: Settings, title: str = "") -> Figure:
     """Why utilization falls: each cause of one step's time next to the step itself."""
-    fig = Figure(figsize=(8, 3.2))
+    fig = Figure(figsize=(8, 3.4))
     ax = fig.subplots()
     if point.plan is None:
         ax.text(0.5, 0.5, "infeasible: no cluster finishes in time", ha="center",
@@ -207,43 +230,79 @@ def plot_breakdown(point: Point, settings: Settings, title: str = "") -> Figure:
     hidden = {"TP bandwidth": settings.overlap_tp, "PP/EP bandwidth": settings.overlap_pp,
               "DP bandwidth": settings.overlap_dp}
     names = list(parts)[::-1]
-    ax.barh(names, [parts[n] for n in names],
-            hatch=None, color=["#bbb" if hidden.get(n) else "C0" for n in names])
+    colors = ["#bbb" if hidden.get(n) else "C1" if n == "matmul latency floor" else "C0"
+              for n in names]
+    ax.barh(names, [parts[n] for n in names], color=colors)
     ax.axvline(point.plan.time.step, color="C3", lw=1.5, label="step time")
     ax.set_xlabel("seconds per training step")
     q = point.plan
     ax.set_title(title or f"C = {point.model.C:.3g} FLOP on {q.n_gpus:.3g} GPUs, "
                  f"MFU {point.mfu:.3f}", fontsize=10)
     ax.legend(fontsize=8, loc="lower right")
-    fig.text(0.01, 0.01, "grey: overlaps compute (only the excess over compute costs time)",
-             fontsize=7)
+    fig.text(0.01, 0.01, "grey: overlaps the matmuls (only its excess over them costs time); "
+             "orange: the fixed latency of every matmul", fontsize=7)
     fig.tight_layout()
     return fig
 
 
+_BUTTON = ("display:inline-block;padding:5px 14px;background:#1976d2;color:#fff;"
+           "border-radius:4px;text-decoration:none;font-weight:600;cursor:pointer")
+
+
 def download_html(curves: dict[str, Curve], filename: str = "simulator_output.json") -> str:
-    """An anchor that downloads the complete output (the CLI's JSON) from the page itself."""
+    """A download button (an anchor styled as one) for the complete output, the CLI's JSON."""
     payload = base64.b64encode(dumps(curves).encode()).decode()
-    return (f'<a download="{filename}" href="data:application/json;base64,{payload}">'
-            f"download {filename} ({len(curves)} configurations)</a>")
+    n = len(curves)
+    return (f'<a download="{filename}" href="data:application/json;base64,{payload}" '
+            f'style="{_BUTTON}" title="the format of python -m helpers.simulator --json">'
+            f"⬇ Download results ({n} configuration{'s' if n != 1 else ''}, JSON)</a>")
+
+
+def scaled_gpu(gpu: GPU, latency: float = 1.0, bandwidth: float = 1.0) -> GPU:
+    """The GPU with every latency (matmul and network) × `latency` and every network
+    bandwidth × `bandwidth`: the app's two what-if sliders."""
+    if latency == 1 and bandwidth == 1:
+        return gpu
+    return replace(gpu, latency_per_matmul_s=gpu.latency_per_matmul_s * latency,
+                   network_levels=tuple(replace(lv, bandwidth_Bps=lv.bandwidth_Bps * bandwidth,
+                                                latency_s=lv.latency_s * latency)
+                                        for lv in gpu.network_levels))
 
 
 # --- the add-configuration form: values → Configuration ---------------------------------
 
-GPU_FIELDS = (  # (field, label, kind)
-    ("bitwidth", "bitwidth", int), ("fpct", "FLOP per clock per thread at that bitwidth", float),
-    ("register_bytes_per_processing_block", "register bytes per processing block", float),
-    ("num_sms", "SMs", int), ("l2_Bps", "L2 bandwidth (B/s)", float),
-    ("l2_bytes", "L2 size (B)", float), ("hbm_Bps", "HBM bandwidth (B/s)", float),
-    ("hbm_bytes", "HBM size (B)", float), ("max_clock_Hz", "max clock (Hz)", float),
-    ("effective_utilization", "effective utilization", float),
-    ("latency_per_matmul_s", "latency per matmul (s)", float),
+# (field, label, unit, scale, kind): the GPU record's fields, as the form shows them. A value
+# in the form times `scale` is the record's value in SI units (bytes, B/s, Hz, s).
+GPU_FIELDS = (
+    ("bitwidth", "bits per number (training precision)", "bits", 1, int),
+    ("fpct", "FLOP per clock per thread at that precision", "", 1, float),
+    ("register_bytes_per_processing_block", "register file per processing block", "KiB",
+     KIB, float),
+    ("num_sms", "streaming multiprocessors (SMs)", "", 1, int),
+    ("l2_Bps", "L2 cache bandwidth", "TB/s", 1e12, float),
+    ("l2_bytes", "L2 cache size", "MiB", MIB, float),
+    ("hbm_Bps", "memory (HBM) bandwidth", "TB/s", 1e12, float),
+    ("hbm_bytes", "memory (HBM) size", "GB", 1e9, float),
+    ("max_clock_Hz", "max clock", "MHz", 1e6, float),
+    ("effective_utilization", "effective utilization (the MFU ceiling)", "", 1, float),
+    ("latency_per_matmul_s", "fixed latency per matmul", "µs", 1e-6, float),
 )
+LEVEL_FIELDS = (("bandwidth_Bps", "bandwidth per GPU, both directions", "GB/s", 1e9),
+                ("latency_s", "latency", "µs", 1e-6), ("size", "GPUs in the level", "", 1))
+
+
+def to_form_units(value: float, scale: float) -> float:
+    """A record value in the form's unit, rounded to 12 significant digits (no 0.30000004)."""
+    return float(f"{value / scale:.12g}")
+
+
+def from_form_units(value: float, scale: float) -> float:
+    return float(f"{value * scale:.12g}")
 
 
 def form_values(name: str, gpu: GPU, settings: Settings) -> dict:
-    """A configuration as the form's plain values (to prefill it from a preset)."""
-    values = {f: getattr(gpu, f) for f, _, _ in GPU_FIELDS if f != "fpct"}
+    """A configuration as plain values in SI units (to prefill the form from a preset)."""
+    values = {f: getattr(gpu, f) for f, *_ in GPU_FIELDS if f != "fpct"}
     values.update(name=name, fpct=gpu.flop_per_clock_per_thread[gpu.bitwidth],
                   distributed_shared_memory=gpu.distributed_shared_memory,
                   levels=[{"bandwidth_Bps": lv.bandwidth_Bps, "latency_s": lv.latency_s,
@@ -282,10 +341,30 @@ def configuration_from_form(values: dict) -> Configuration:
     return Configuration(values["name"] or gpu.name, gpu, settings)
 
 
+def same_configuration(a: Configuration, b: Configuration) -> bool:
+    """Same hardware record (all but the name) and same settings: the same curve."""
+    return (gpu_to_json(replace(a.gpu, name="")) == gpu_to_json(replace(b.gpu, name=""))
+            and a.settings == b.settings)
+
+
 # --- the app ------------------------------------------------------------------------------
 
+_WIDE = {"description_width": "initial"}
+
+
+def _labelled(widget: W.Widget, label: str, unit: str = "", width: str = "100px") -> W.HBox:
+    """A control with its full label in front and its unit behind (labels never cut)."""
+    widget.layout = W.Layout(width=width)
+    return W.HBox([W.Label(label, layout=W.Layout(width="300px")), widget,
+                   W.Label(unit, layout=W.Layout(width="50px"))])
+
+
 class SimulatorApp:
-    """Controls → pure functions → outputs. Every callback can be called directly."""
+    """Controls → pure functions → outputs. Every callback can be called directly.
+
+    Sliders act on release (`continuous_update=False`): months, latency and bandwidth re-run
+    the curves (each configuration's curve is cached, so going back is instant); the
+    threshold only re-reads the curves it already has (it changes no layout)."""
 
     MAX_LEVELS = 5
 
@@ -293,59 +372,90 @@ class SimulatorApp:
                  threshold: float = 0.8):
         self.configs = list(configs if configs is not None else default_configurations())
         self.curves: dict[str, Curve] = {}
+        self._cache: dict[tuple, Curve] = {}
         self.months = W.FloatSlider(value=months, min=0.25, max=24, step=0.25,
-                                    description="months")
+                                    description="run duration (months)",
+                                    continuous_update=False, style=_WIDE,
+                                    layout=W.Layout(width="420px"))
         self.threshold = W.FloatSlider(value=threshold, min=0.05, max=1.0, step=0.05,
-                                       description="threshold τ")
+                                       description="threshold τ (fraction of the MFU ceiling)",
+                                       continuous_update=False, style=_WIDE,
+                                       layout=W.Layout(width="420px"))
+        self.latency = W.FloatLogSlider(value=1, base=10, min=-2, max=1, step=0.25,
+                                        description="every latency × (matmul and network)",
+                                        continuous_update=False, style=_WIDE, readout_format=".3g",
+                                        layout=W.Layout(width="420px"))
+        self.bandwidth = W.FloatLogSlider(value=1, base=10, min=-1, max=2, step=0.25,
+                                          description="every network bandwidth ×",
+                                          continuous_update=False, style=_WIDE,
+                                          readout_format=".3g", layout=W.Layout(width="420px"))
         self.include = W.VBox()
-        self.run_button = W.Button(description="Run", button_style="primary")
-        self.progress = W.FloatProgress(value=0, min=0, max=1, description="progress")
+        self.progress = W.FloatProgress(value=0, min=0, max=1, description="computing",
+                                        style=_WIDE)
         self.status = W.HTML()
         self.out_mfu, self.out_degrees, self.out_summary = W.Output(), W.Output(), W.Output()
         self.out_breakdown, self.download = W.Output(), W.HTML()
-        self.degrees_choice = W.Dropdown(description="configuration")
-        self.breakdown_choice = W.Dropdown(description="configuration")
-        self.breakdown_point = W.IntSlider(description="grid point", min=0, max=0)
-        self.download_button = W.Button(description="Prepare JSON download")
+        self.mfu_scale = W.ToggleButtons(options=["MFU", "MFU ÷ ceiling"], value="MFU",
+                                         description="y axis", style=_WIDE,
+                                         tooltips=["against peak FLOP/s",
+                                                   "divided by each GPU's effective "
+                                                   "utilization: one bar τ for all GPUs"])
+        self.degrees_choice = W.Dropdown(description="configuration", style=_WIDE)
+        self.breakdown_choice = W.Dropdown(description="configuration", style=_WIDE)
+        self.breakdown_point = W.IntSlider(description="grid point", min=0, max=0,
+                                           continuous_update=False, style=_WIDE)
         self._build_form()
         self._rebuild_include()
-        self.run_button.on_click(self.on_run)
+        for slider in (self.months, self.latency, self.bandwidth):
+            slider.observe(self.on_run, names="value")
+        self.threshold.observe(self.on_threshold, names="value")
+        self.mfu_scale.observe(self.on_mfu, names="value")
         self.degrees_choice.observe(self.on_degrees, names="value")
         self.breakdown_choice.observe(self.on_breakdown_config, names="value")
         self.breakdown_point.observe(self.on_breakdown, names="value")
-        self.download_button.on_click(self.on_download)
 
     def _rebuild_include(self) -> None:
         boxes = []
         for cfg in self.configs:
-            box = W.Checkbox(value=cfg.included, description=cfg.name, indent=False)
-            box.observe(lambda ch, cfg=cfg: setattr(cfg, "included", ch["new"]), names="value")
+            box = W.Checkbox(value=cfg.included, description=cfg.name, indent=False,
+                             layout=W.Layout(width="auto"))
+            box.observe(lambda ch, cfg=cfg: self.on_include(cfg, ch["new"]), names="value")
             boxes.append(box)
         self.include.children = boxes
+
+    def on_include(self, cfg: Configuration, included: bool) -> None:
+        cfg.included = included
+        if self.curves or not included:
+            self.on_run()
 
     # -- the form
     def _build_form(self) -> None:
         self.f_preset = W.Dropdown(options=list(PRESETS), value=H100_SXM.name,
-                                   description="start from")
-        self.f_name = W.Text(description="name")
-        self.f_gpu = {f: (W.IntText if kind is int else W.FloatText)(description=f)
-                      for f, _, kind in GPU_FIELDS}
-        for f, label, _ in GPU_FIELDS:
-            self.f_gpu[f].tooltip = label
-        self.f_dsmem = W.Checkbox(description="distributed_shared_memory")
-        self.f_levels = W.IntSlider(description="network levels", min=1, max=self.MAX_LEVELS)
+                                   description="start from the preset", style=_WIDE)
+        self.f_name = W.Text(description="name", style=_WIDE)
+        self.f_gpu = {f: (W.IntText if kind is int else W.FloatText)()
+                      for f, _, _, _, kind in GPU_FIELDS}
+        gpu_rows = [_labelled(self.f_gpu[f], label, unit) for f, label, unit, _, _ in GPU_FIELDS]
+        self.f_dsmem = W.Checkbox(description="distributed shared memory (Hopper's DSMEM)",
+                                  indent=False, layout=W.Layout(width="auto"))
+        self.f_levels = W.IntSlider(description="network levels", min=1, max=self.MAX_LEVELS,
+                                    style=_WIDE)
         self.f_level_rows = W.VBox()
         self.f_level_widgets: list[tuple] = []
-        self.f_tpp = W.FloatText(description="tokens/param")
-        self.f_batch = W.Dropdown(options=BATCH_LAWS, description="batch law")
-        self.f_depth_coef = W.FloatText(description="depth coef")
-        self.f_depth_exp = W.FloatText(description="depth exp")
-        self.f_sparse = W.Checkbox(description="sparse (MoE sparsity law)")
-        self.f_schedules = {s: W.Checkbox(description=s) for s in SCHEDULES}
-        self.f_overlap = {k: W.Checkbox(description=f"{k.upper()} overlaps compute")
+        self.f_tpp = W.FloatText()
+        self.f_batch = W.Dropdown(options=BATCH_LAWS)
+        self.f_depth_coef = W.FloatText()
+        self.f_depth_exp = W.FloatText()
+        self.f_sparse = W.Checkbox(description="sparse (mixture of experts, the sparsity law)",
+                                   indent=False, layout=W.Layout(width="auto"))
+        self.f_schedules = {s: W.Checkbox(description=s, indent=False,
+                                          layout=W.Layout(width="130px")) for s in SCHEDULES}
+        self.f_overlap = {k: W.Checkbox(description=f"{k.upper()} traffic overlaps the matmuls",
+                                        indent=False, layout=W.Layout(width="260px"))
                           for k in ("tp", "pp", "dp")}
-        self.f_price = W.Text(description="USD per GPU", placeholder="unknown")
-        self.f_add = W.Button(description="Add configuration")
+        self.f_price = W.Text(placeholder="unknown")
+        self.f_add = W.Button(description="Add configuration", button_style="primary",
+                              layout=W.Layout(width="auto"))
         self.f_message = W.HTML()
         self.f_preset.observe(self.on_preset, names="value")
         self.f_levels.observe(self.on_levels, names="value")
@@ -353,23 +463,28 @@ class SimulatorApp:
         self.form = W.VBox([
             W.HBox([self.f_preset, self.f_name]),
             W.HTML("<b>scaling laws</b>"),
-            W.HBox([self.f_tpp, self.f_batch, self.f_sparse]),
-            W.HBox([self.f_depth_coef, self.f_depth_exp]),
-            W.HTML("<b>GPU</b> (hover a field for its meaning)"),
-            W.GridBox(list(self.f_gpu.values()) + [self.f_dsmem],
-                      layout=W.Layout(grid_template_columns="repeat(2, 50%)")),
-            W.HTML("<b>network</b>: innermost level first; bandwidth per GPU counts both "
-                   "directions; the last level is unbounded"),
+            _labelled(self.f_tpp, "training tokens per parameter"),
+            _labelled(self.f_batch, "batch-size law", width="140px"),
+            _labelled(self.f_depth_coef, "depth law: layers = coef × (h_model·h_ff)^exp, coef"),
+            _labelled(self.f_depth_exp, "depth law: exponent"), self.f_sparse,
+            W.HTML("<b>GPU</b>: the fields of the hardware record"),
+            *gpu_rows, self.f_dsmem,
+            W.HTML("<b>network</b>: innermost level first; the last level is unbounded"),
             self.f_levels, self.f_level_rows,
             W.HTML("<b>parallelism</b>: allowed pipeline schedules and overlap"),
             W.HBox(list(self.f_schedules.values())), W.HBox(list(self.f_overlap.values())),
-            self.f_price, W.HBox([self.f_add, self.f_message])])
+            _labelled(self.f_price, "price per GPU", "USD"),
+            W.HBox([self.f_add, self.f_message])])
         self.on_preset({"new": H100_SXM.name})
 
     def _level_row(self, bw=1e11, lat=1e-6, size=8):
-        return (W.FloatText(value=bw, description="B/s"),
-                W.FloatText(value=lat, description="latency s"),
-                W.IntText(value=size or 8, description="size"))
+        (_, l_bw, u_bw, s_bw), (_, l_lat, u_lat, s_lat), (_, l_size, _, _) = LEVEL_FIELDS
+        return (W.FloatText(value=to_form_units(bw, s_bw), description=f"{l_bw} ({u_bw})",
+                            style=_WIDE, layout=W.Layout(width="330px")),
+                W.FloatText(value=to_form_units(lat, s_lat), description=f"{l_lat} ({u_lat})",
+                            style=_WIDE, layout=W.Layout(width="170px")),
+                W.IntText(value=size or 8, description=l_size, style=_WIDE,
+                          layout=W.Layout(width="190px")))
 
     def on_levels(self, change=None) -> None:
         n = self.f_levels.value
@@ -378,12 +493,15 @@ class SimulatorApp:
         del self.f_level_widgets[n:]
         for k, (_, _, size) in enumerate(self.f_level_widgets):
             size.disabled = k == n - 1  # the outermost level is unbounded
-        self.f_level_rows.children = [W.HBox(list(row)) for row in self.f_level_widgets]
+        self.f_level_rows.children = [
+            W.HBox([W.Label(f"level {k}", layout=W.Layout(width="50px")), *row])
+            for k, row in enumerate(self.f_level_widgets)]
 
     def set_form(self, values: dict) -> None:
+        """Fill the form from SI values (see `form_values`)."""
         self.f_name.value = values["name"]
-        for f, _, _ in GPU_FIELDS:
-            self.f_gpu[f].value = values[f]
+        for f, _, _, scale, _ in GPU_FIELDS:
+            self.f_gpu[f].value = values[f] if scale == 1 else to_form_units(values[f], scale)
         self.f_dsmem.value = values["distributed_shared_memory"]
         self.f_level_widgets = [self._level_row(lv["bandwidth_Bps"], lv["latency_s"],
                                                 lv["size"]) for lv in values["levels"]]
@@ -404,15 +522,20 @@ class SimulatorApp:
         self.f_price.value = "" if p is None else f"{p:g}"
 
     def get_form(self) -> dict:
-        values = {f: w.value for f, w in self.f_gpu.items()}
+        """The form's values back in SI units."""
+        values = {f: (self.f_gpu[f].value if scale == 1
+                      else from_form_units(self.f_gpu[f].value, scale))
+                  for f, _, _, scale, _ in GPU_FIELDS}
         price = self.f_price.value.strip()
         try:
             price = None if price == "" else float(price)
         except ValueError:
             raise ValueError(f"price_per_gpu must be a number or empty (got {price!r})") from None
+        s_bw, s_lat = LEVEL_FIELDS[0][3], LEVEL_FIELDS[1][3]
         values.update(
             name=self.f_name.value.strip(), distributed_shared_memory=self.f_dsmem.value,
-            levels=[{"bandwidth_Bps": bw.value, "latency_s": lat.value, "size": size.value}
+            levels=[{"bandwidth_Bps": from_form_units(bw.value, s_bw),
+                     "latency_s": from_form_units(lat.value, s_lat), "size": size.value}
                     for bw, lat, size in self.f_level_widgets],
             tokens_per_param=self.f_tpp.value, batch_law=self.f_batch.value,
             depth_coef=self.f_depth_coef.value, depth_exp=self.f_depth_exp.value,
@@ -428,12 +551,17 @@ class SimulatorApp:
         self.set_form(form_values(f"custom {gpu.name}", gpu, Settings(price_per_gpu=price)))
 
     def on_add(self, _=None) -> Configuration | None:
+        """Add the form's configuration (and re-run if results are shown). One equal to an existing configuration
+        is added flagged (named "(= …)", drawn dashed), not drawn silently over it."""
         try:
             cfg = configuration_from_form(self.get_form())
         except ValueError as e:
             self.f_message.value = ("<span style='color:#b00'>not added: "
                                     f"{html.escape(str(e))}</span>")
             return None
+        twin = next((c for c in self.configs if same_configuration(c, cfg)), None)
+        if twin is not None:
+            cfg.name = f"{cfg.name} (= {twin.name})"
         names = {c.name for c in self.configs}
         base, k = cfg.name, 2
         while cfg.name in names:  # names key the outputs, so keep them distinct
@@ -441,42 +569,73 @@ class SimulatorApp:
             k += 1
         self.configs.append(cfg)
         self._rebuild_include()
-        self.f_message.value = f"added {html.escape(cfg.name)}; press Run"
+        note = ("" if twin is None else f" — <b>same hardware and settings as "
+                f"{html.escape(twin.name)}</b>: its curve is drawn dashed over that one")
+        self.f_message.value = f"added {html.escape(cfg.name)}{note}"
+        if self.curves:  # the app is showing results: show the new curve with them
+            self.on_run()
         return cfg
 
     # -- running and drawing
+    def _curve(self, cfg: Configuration, months: float, threshold: float) -> Curve:
+        settings = replace(cfg.settings, months=months)
+        gpu = scaled_gpu(cfg.gpu, self.latency.value, self.bandwidth.value)
+        key = (repr(gpu), settings)
+        if key not in self._cache:
+            self._cache[key] = run_curve(gpu, settings)
+        curve = self._cache[key]
+        return replace(curve, settings=replace(curve.settings, threshold=threshold))
+
     def on_run(self, _=None) -> dict[str, Curve]:
-        self.run_button.disabled = True
-        self.status.value = "running…"
+        """Compute (or take from the cache) every included configuration's curve; redraw."""
+        chosen = [c for c in self.configs if c.included]
+        self.status.value = "computing…"
+        curves = {}
         try:
-            self.curves = compute(self.configs, self.months.value, self.threshold.value,
-                                  progress=lambda x: setattr(self.progress, "value", x))
+            for i, cfg in enumerate(chosen):
+                curves[cfg.name] = self._curve(cfg, self.months.value, self.threshold.value)
+                self.progress.value = (i + 1) / len(chosen)
         except ValueError as e:
             self.status.value = f"<span style='color:#b00'>{html.escape(str(e))}</span>"
             return {}
-        finally:
-            self.run_button.disabled = False
-        self.status.value = (f"{len(self.curves)} configurations, "
-                             f"{sum(len(c.points) for c in self.curves.values())} grid points")
-        self.download.value = ""
+        self.progress.value = 1.0
+        self.curves = curves
+        self.status.value = (f"{len(curves)} configurations, "
+                             f"{sum(len(c.points) for c in curves.values())} grid points")
+        self.refresh()
+        return curves
+
+    def on_threshold(self, _=None) -> dict[str, Curve]:
+        """A new τ changes no layout: re-read the curves already computed."""
+        t = self.threshold.value
+        self.curves = {n: replace(c, settings=replace(c.settings, threshold=t))
+                       for n, c in self.curves.items()}
         self.refresh()
         return self.curves
 
     def refresh(self) -> None:
         names = list(self.curves)
-        self._show(self.out_mfu, plot_mfu(self.curves))
+        self.on_mfu()
         self._show(self.out_summary, W.HTML(summary_html(summary_rows(self.curves))))
         for dd in (self.degrees_choice, self.breakdown_choice):
+            keep = dd.value if dd.value in names else (names[0] if names else None)
             dd.options = names
-            dd.value = names[0] if names else None
+            dd.value = keep
         self.on_degrees()
         self.on_breakdown_config()
+        self.on_download()
 
     @staticmethod
     def _show(out: W.Output, thing) -> None:
+        """Hand a finished figure or widget to an Output (never matplotlib's flush hook)."""
         out.clear_output(wait=True)
         with out:
             display(thing)
+
+    def on_mfu(self, _=None) -> Figure:
+        fig = plot_mfu(self.curves, relative=self.mfu_scale.value != "MFU")
+        self._show(self.out_mfu, fig)
+        return fig
 
     def on_degrees(self, _=None) -> Figure | None:
         name = self.degrees_choice.value
@@ -508,23 +667,27 @@ class SimulatorApp:
         return fig
 
     def on_download(self, _=None) -> str:
-        self.download.value = download_html(self.curves) if self.curves else "run first"
+        self.download.value = download_html(self.curves) if self.curves else ""
         return self.download.value
 
 
+TABS = ("MFU vs compute", "layout vs compute", "largest runs", "step breakdown")
+
+
 def widget_simulator(app: SimulatorApp | None = None) -> W.Widget:
-    """The app's controls and outputs in one box: settings, configurations, the add form,
-    Run, four tabs of results and the JSON download. A fresh `SimulatorApp` by default."""
+    """The app's controls and outputs in one box: the four sliders, the configurations, the
+    add form, four tabs of results and the JSON download. A fresh `SimulatorApp` by default;
+    nothing is computed until a slider moves or `app.on_run()` is called."""
     app = app if app is not None else SimulatorApp()
-    tabs = W.Tab([app.out_mfu, W.VBox([app.degrees_choice, app.out_degrees]), app.out_summary,
+    tabs = W.Tab([W.VBox([app.mfu_scale, app.out_mfu]),
+                  W.VBox([app.degrees_choice, app.out_degrees]),
+                  W.Box([app.out_summary], layout=W.Layout(overflow="auto")),
                   W.VBox([W.HBox([app.breakdown_choice, app.breakdown_point]),
                           app.out_breakdown])])
-    for i, title in enumerate(("MFU vs compute", "parallelism vs compute",
-                               "largest runs", "step-time breakdown")):
+    for i, title in enumerate(TABS):
         tabs.set_title(i, title)
     form = W.Accordion([app.form])
-    form.set_title(0, "Add configuration")
-    return W.VBox([W.HBox([app.months, app.threshold]),
+    form.set_title(0, "Add a configuration")
+    return W.VBox([W.VBox([app.months, app.threshold, app.latency, app.bandwidth]),
                    W.HTML("<b>configurations</b> (untick to leave one out)"), app.include,
-                   form, W.HBox([app.run_button, app.progress]), app.status, tabs,
-                   W.HBox([app.download_button, app.download])])
+                   form, W.HBox([app.progress, app.status]), tabs, app.download])
