@@ -115,6 +115,8 @@ def test_form_with_fewest_and_most_levels(n_levels):
     app.f_levels.value = n_levels
     assert len(app.f_level_widgets) == n_levels
     assert app.f_level_widgets[-1][2].disabled  # the outermost level has no size
+    for level in app.f_level_widgets[1:-1]:  # size 8 everywhere: 1.5e6 placements, refused
+        level[2].value = 2
     cfg = app.on_add()
     assert cfg is not None and len(cfg.gpu.network_levels) == n_levels
     assert cfg.gpu.network_levels[-1].size is None
