@@ -124,7 +124,7 @@ def plot_bubble_sweep(runs, ax=None) -> Figure:
     return ax.figure
 
 
-WIDGET_T_F = 0.008  # seconds per forward in the widget's wait mode (a backward waits 2×)
+WIDGET_T_F = 0.006  # seconds per forward in the widget's wait mode (a backward waits 2×)
 M_CHOICES = (1, 2, 4, 8, 16)  # micro-batches the widget offers, where they fit (valid_ms)
 
 
