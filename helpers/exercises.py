@@ -15,6 +15,15 @@ def close_to(answer: float, expected: float, rel: float = 0.02) -> bool:
     return abs(answer - expected) <= rel * abs(expected)
 
 
+# -- notebooks 03-05 ----------------------------------------------------------------------
+
+def _judge(answer: int, right: int, why: str, known: dict[int, str], otherwise: str) -> Verdict:
+    """An exact answer: right, one of the usual wrong ones (each with its explanation), or a hint."""
+    if answer == right:
+        return Verdict(True, why)
+    return Verdict(False, known.get(answer, f"{answer}: {otherwise}"))
+
+
 # -- notebook 03: data parallelism ------------------------------------------------------------
 
 def check_dp_ring_bytes(answer: float) -> Verdict:
@@ -34,13 +43,11 @@ def check_dp_ring_bytes(answer: float) -> Verdict:
 def check_dp_buckets(answer: int) -> Verdict:
     """All-reduces per step of BucketedDDP(bucket_size_mb=12) on the lecture MLP (four 4 MiB
     weight matrices, buckets filled last layer first)."""
-    if answer == 2:
-        return Verdict(True, "layers 3, 2, 1 fill the first bucket (12 MiB, not more than the "
-                             "cap), layer 0 goes alone in the second: 2 all-reduces.")
-    if answer == 3:
-        return Verdict(False, "a bucket holds gradients while their total stays ≤ 12 MiB: "
-                              "three 4 MiB layers fit exactly.")
-    return Verdict(False, f"{answer} all-reduces: count how many 4 MiB layers fit in 12 MiB.")
+    return _judge(answer, 2, "layers 3, 2, 1 fill the first bucket (12 MiB, not more than the "
+                             "cap), layer 0 goes alone in the second: 2 all-reduces.",
+                  {3: "a bucket holds gradients while their total stays ≤ 12 MiB: three 4 MiB "
+                      "layers fit exactly."},
+                  "all-reduces: count how many 4 MiB layers fit in 12 MiB.")
 
 
 def check_dp_zero1_gb(answer: float) -> Verdict:
@@ -113,26 +120,19 @@ def check_pp_bubble(answer: float) -> Verdict:
 
 def check_pp_peak_live(answer: int) -> Verdict:
     """Most micro-batches whose activations stage 0 holds at once under 1F1B, p = 8, m = 32."""
-    if answer == 8:
-        return Verdict(True, "p = 8: stage 0 runs p − 1 = 7 warm-up forwards, then one more "
-                             "forward before its first backward; m does not matter.")
-    if answer == 32:
-        return Verdict(False, "that is GPipe (all m forwards before the first backward).")
-    if answer == 7:
-        return Verdict(False, "7 warm-up forwards, then the steady phase starts with a forward "
-                              "(8 live) before the first backward frees one.")
-    return Verdict(False, f"{answer}: count stage 0's forwards before its first backward.")
+    return _judge(answer, 8, "p = 8: stage 0 runs p − 1 = 7 warm-up forwards, then one more "
+                             "forward before its first backward; m does not matter.",
+                  {32: "that is GPipe (all m forwards before the first backward).",
+                   7: "7 warm-up forwards, then the steady phase starts with a forward (8 live) "
+                      "before the first backward frees one."},
+                  "count stage 0's forwards before its first backward.")
 
 
 def check_pp_interleaved_m(answer: int) -> Verdict:
     """Smallest valid m (a multiple of p) giving an interleaved bubble ≤ 0.1 at p = 4, v = 2."""
-    if answer == 16:
-        return Verdict(True, "3/(2m+3) ≤ 0.1 needs m ≥ 13.5, and m must be a multiple of p = 4: "
-                             "m = 16 (bubble 3/35 = 0.086).")
-    if answer == 14:
-        return Verdict(False, "3/31 ≤ 0.1 holds, but the interleaved schedule needs m to be a "
-                              "multiple of p = 4.")
-    if answer in (24, 28):
-        return Verdict(False, "that is what 1F1B without interleaving would need (3/(m+3) ≤ 0.1).")
-    return Verdict(False, f"m = {answer}: solve (p−1)/(v·m+p−1) ≤ 0.1, then round up to a "
-                          "multiple of p.")
+    plain = "that is what 1F1B without interleaving would need (3/(m+3) ≤ 0.1)."
+    return _judge(answer, 16, "3/(2m+3) ≤ 0.1 needs m ≥ 13.5, and m must be a multiple of p = 4: "
+                              "m = 16 (bubble 3/35 = 0.086).",
+                  {14: "3/31 ≤ 0.1 holds, but the interleaved schedule needs m to be a multiple "
+                       "of p = 4.", 24: plain, 28: plain},
+                  "solve (p−1)/(v·m+p−1) ≤ 0.1, then round up to a multiple of p.")
