@@ -1,12 +1,13 @@
 """Pipeline parallelism: schedules against the plain model, event logs, live activations."""
 import multiprocessing
+import threading
 
 import matplotlib
 import pytest
 import torch
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
 
 from helpers.cost.bubble import bubble_theory, measured_bubble  # noqa: E402
 from helpers.models import LECTURE  # noqa: E402
@@ -15,8 +16,9 @@ from helpers.parallel.groups import split_groups  # noqa: E402
 from helpers.parallel.schedules import (Action, Event, check_event_log, make_plan,  # noqa: E402
                                         peak_live, simulate)
 from helpers.ranks import LiveRanks  # noqa: E402
-from helpers.views.pp import (MAX_WIDGET_WORLD_SIZE, plot_bubble_sweep, plot_gantt,  # noqa: E402
-                              plot_runs, widget_pipeline)
+from helpers.views.pp import (MAX_WIDGET_WORLD_SIZE, pipeline_outputs,  # noqa: E402
+                              plot_bubble_sweep, plot_gantt, plot_runs, schedules_for, valid_ms,
+                              widget_pipeline)
 
 
 @pytest.fixture(scope="module")
@@ -201,7 +203,6 @@ def test_bubble_sweep_and_its_plot(ranks):
     assert [(r.p, r.m, r.mode) for r in runs] == [(2, 1, "wait"), (2, 4, "wait")]
     fig = plot_bubble_sweep(runs)
     assert len(fig.axes[0].lines) == 2  # one curve and one set of dots per p
-    plt.close(fig)
     with pytest.raises(ValueError, match="ranks must be"):
         pp.bubble_sweep(None)
 
@@ -217,8 +218,7 @@ def test_timed_schedule_simulated(p, m, schedule):
     run = pp.timed_schedule(schedule, p, m)
     assert run.mode == "simulated" and run.bubble_measured == pytest.approx(run.bubble_theory)
     fig = plot_gantt(run.events, p)
-    assert len(fig.axes[0].patches) == len(run.events)
-    plt.close(fig)
+    assert bars(fig.axes[0]) == len(run.events)
 
 
 @pytest.mark.parametrize("p,m,schedule", [(2, 1, "gpipe"), (8, 16, "interleaved")])
@@ -227,8 +227,7 @@ def test_timed_schedule_live(ranks, p, m, schedule):
     check_event_log(run.events, p, m, run.v)
     assert run.mode == "wait" and 0 < run.bubble_measured < 1
     fig = plot_runs([run])
-    assert len(fig.axes[0].patches) == len(run.events) and f"p={p} m={m}" in fig.axes[0].get_title()
-    plt.close(fig)
+    assert bars(fig.axes[0]) == len(run.events) and f"p={p} m={m}" in fig.axes[0].get_title()
 
 
 def test_timed_schedule_rejects_bad_interleaving():
@@ -236,14 +235,67 @@ def test_timed_schedule_rejects_bad_interleaving():
         pp.timed_schedule("interleaved", 8, 4)
 
 
-def test_widget_at_its_extremes(capsys):
-    open_before = set(plt.get_fignums())  # other tests' figures are theirs to close
+def bars(ax) -> int:
+    """Rectangles drawn on a Gantt axis (the bars are two collections, F and B)."""
+    return sum(len(c.get_paths()) for c in ax.collections)
+
+
+def test_widget_offers_only_valid_settings():
+    assert valid_ms("1f1b", 3) == (1, 2, 4, 8, 16) and valid_ms("interleaved", 4) == (4, 8, 16)
+    assert schedules_for(3) == ("gpipe", "1f1b") and "interleaved" in schedules_for(8)
+    for p in range(2, MAX_WIDGET_WORLD_SIZE + 1):
+        for schedule in schedules_for(p):
+            for m in valid_ms(schedule, p):
+                pp.timed_schedule(schedule, p, m)  # every offered setting is a valid pipeline
+
+
+def test_widget_at_its_extremes():
     widget = widget_pipeline(ranks=None)  # simulated: the same callback, no processes
-    p, m, schedule = widget.children[0].children
-    assert p.max == MAX_WIDGET_WORLD_SIZE
-    for p_value, m_value, name in EXTREMES + [(8, 4, "interleaved")]:
-        p.value, m.value, schedule.value = p_value, m_value, name
-    shown = capsys.readouterr().out
-    assert "gpipe p=8 m=16 (simulated)" in shown and "interleaved p=8 m=8, v=2" in shown
-    assert "not a valid pipeline: m must be a multiple of 8" in shown
-    assert set(plt.get_fignums()) <= open_before  # every figure drawn was closed
+    p, schedule, m = widget.children[0].children
+    out = widget.children[1]
+    assert p.max == MAX_WIDGET_WORLD_SIZE and not p.continuous_update and not m.continuous_update
+    for p_value, name, m_value in [(2, "gpipe", 1), (8, "1f1b", 16), (8, "interleaved", 8),
+                                   (3, "1f1b", 16), (2, "interleaved", 2), (4, "1f1b", 4)]:
+        p.value = p_value
+        schedule.value = name
+        m.value = m_value
+        image, text = out.outputs  # always a picture and its line, put there explicitly
+        assert "image/png" in image["data"] and f"{name} p={p_value} m={m_value}" in text["text"]
+    p.value = 3  # interleaving is not offered at p = 3: the menu falls back to 1F1B
+    assert schedule.options == ("gpipe", "1f1b")
+    p.value, schedule.value = 4, "interleaved"
+    assert m.options == (4, 8, 16) and m.value in m.options  # m moved to a valid value
+
+
+@pytest.mark.parametrize("p,m,schedule", EXTREMES)
+def test_widget_callback_reuses_one_figure_and_labels_do_not_overlap(p, m, schedule):
+    fig = Figure()
+    for _ in range(2):
+        image, text = pipeline_outputs(schedule, p, m, None, fig=fig)
+    assert len(fig.axes) == 1 and bars(fig.axes[0]) == 2 * p * m * (2 if schedule == "interleaved" else 1)
+    fig.canvas.draw()
+    boxes = [t.get_window_extent() for t in fig.axes[0].texts]
+    assert not any(a.overlaps(b) for i, a in enumerate(boxes) for b in boxes[i + 1:])
+    assert pipeline_outputs("interleaved", 8, 4)[0]["text"].startswith("not a valid pipeline")
+
+
+def test_replayed_run_of_a_perfect_run_is_itself():
+    for schedule, v in (("gpipe", None), ("1f1b", None), ("interleaved", 2)):
+        sim = pp.simulated_run(schedule, p=4, m=8, v=v)
+        assert pp.replayed(sim).bubble_measured == pytest.approx(sim.bubble_measured)
+    late = pp.simulated_run("1f1b", p=2, m=4)
+    late.events = [e.shifted(-1.0) if e.rank == 1 else e for e in late.events]  # rank 1 waits 1 s
+    assert pp.replayed(late).bubble_measured < late.bubble_measured
+
+
+def test_two_quick_changes_lose_no_figure():
+    widget = widget_pipeline(ranks=None)
+    p, schedule, m = widget.children[0].children
+    threads = [threading.Thread(target=setattr, args=(m, "value", 16)),
+               threading.Thread(target=setattr, args=(p, "value", 8))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    image, text = widget.children[1].outputs
+    assert "image/png" in image["data"] and "p=8 m=16" in text["text"]

@@ -32,8 +32,8 @@ from helpers.checks import check_choice, check_divisible, check_int, check_numbe
 from helpers.cost.bubble import bubble_theory, measured_bubble
 from helpers.models import LECTURE, MLPConfig, make_batch, make_mlp, mlp_layers, mlp_loss
 from helpers.parallel.groups import global_rank, group_rank, group_size, rank_device
-from helpers.parallel.schedules import (Action, Event, check_schedule_args, make_plan,
-                                        peak_live, simulate, stage_of)
+from helpers.parallel.schedules import (Action, Event, Step, check_schedule_args, dependency,
+                                        make_plan, peak_live, simulate, stage_of)
 
 MODES = ("compute", "wait")
 T_F = 0.03  # seconds per forward in wait mode; a backward waits twice as long
@@ -366,6 +366,27 @@ def simulated_run(schedule: str = "1f1b", p: int = 2, m: int = 4, v: int | None 
     events = simulate(schedule, p, m, t_f, 2 * t_f if t_b is None else t_b, v)
     return PipelineRun(schedule, p, m, v, "simulated", events,
                        [peak_live(make_plan(schedule, p, m, r, v)) for r in range(p)])
+
+
+def replayed(run: PipelineRun) -> PipelineRun:
+    """`run` replayed with each F and B keeping its measured duration, but starting as soon as
+    its rank is free and its input exists: no message time, no wait for a CPU. What the schedule
+    alone makes of these durations; `run`'s idle time beyond it is waiting for something else."""
+    order = {r: sorted((e for e in run.events if e.rank == r), key=lambda e: e.start)
+             for r in range(run.p)}
+    done, free, events = {}, [0.0] * run.p, []
+    while len(events) < len(run.events):
+        for r, queue in order.items():
+            while queue:
+                e = queue[0]
+                dep = dependency(e.action, r, run.p, run.v)
+                if dep is not None and dep not in done:
+                    break
+                start = max(free[r], done[dep] if dep is not None else 0.0)
+                events.append(Event(r, e.kind, e.chunk, e.mb, start, start + e.duration))
+                done[Step(r, e.action)] = free[r] = start + e.duration
+                queue.pop(0)
+    return PipelineRun(run.schedule, run.p, run.m, run.v, "replayed", events, run.peak_live)
 
 
 def check_gradients(run: PipelineRun, ref: Reference) -> str:

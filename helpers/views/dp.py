@@ -5,7 +5,7 @@ import ipywidgets as w
 import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
 
-from helpers.cost.memory import MIXED_PRECISION_ADAM_BYTES, zero_memory_table
+from helpers.cost.memory import MIXED_PRECISION_ADAM_BYTES, STAGES, zero_memory_per_rank
 from helpers.parallel.dp import TraceEvent
 
 COLOURS = {"forward": "#9ecae1", "backward": "#3182bd", "all_reduce": "#e6550d"}
@@ -44,13 +44,43 @@ def plot_timeline(traces: dict[str, list[list[TraceEvent]]]) -> Figure:
     return fig
 
 
+def human_bytes(n: float) -> str:
+    """Three significant digits in B, kB, MB, GB or TB (powers of 1000, as the ZeRO paper)."""
+    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.3g} {unit}"
+    return f"{n:.3g} B"
+
+
+def zero_memory_text(psi: float, d: int, stage: int,
+                     optimizer_bytes: float = MIXED_PRECISION_ADAM_BYTES) -> str:
+    """The widget's table: every ZeRO stage's bytes per rank in human units, `stage` marked."""
+    lines = [f"Ψ = {psi:.3g} parameters on d = {d} ranks; bytes per parameter: 2 (bf16 weight) "
+             f"+ 2 (bf16 gradient) + K = {optimizer_bytes:g} (optimizer)",
+             f"  {'stage':<30}{'weights':>10}{'gradients':>11}{'optimizer':>11}{'total':>10}"]
+    for s, name in STAGES.items():
+        m = zero_memory_per_rank(psi, d, s, optimizer_bytes=optimizer_bytes)
+        cells = [human_bytes(b).rjust(w) for b, w in
+                 ((m.params, 10), (m.grads, 11), (m.optimizer, 11), (m.total, 10))]
+        lines.append(f"{'>' if s == stage else ' '} {name:<30}" + "".join(cells))
+    return "\n".join(lines)
+
+
+D_OPTIONS = tuple(2**k for k in range(11))  # d = 1 … 1024 ranks, one notch per doubling
+
+
 def widget_zero_memory() -> w.Widget:
-    """Sliders for Ψ, d, stage and K (optimizer bytes per parameter) over zero_memory_table."""
+    """Sliders for Ψ (log scale), d (powers of two), stage and K (optimizer bytes per
+    parameter) over zero_memory_text; they act on release."""
+    style, layout = {"description_width": "initial"}, w.Layout(width="560px")
+    common = dict(continuous_update=False, style=style, layout=layout)
     return w.interactive(
-        lambda log10_psi, d, stage, optimizer_bytes: print(
-            zero_memory_table(10 ** log10_psi, d, stage, optimizer_bytes=optimizer_bytes)),
-        log10_psi=w.FloatSlider(value=9.875, min=6, max=12, step=0.125, description="log10 Ψ"),
-        d=w.IntSlider(value=64, min=1, max=1024, description="d"),
-        stage=w.IntSlider(value=1, min=0, max=3, description="stage"),
+        lambda psi, d, stage, optimizer_bytes: print(
+            zero_memory_text(psi, d, stage, optimizer_bytes)),
+        psi=w.FloatLogSlider(value=7.5e9, base=10, min=6, max=12, step=0.125,
+                             readout_format=".3g", description="Ψ (parameters)", **common),
+        d=w.SelectionSlider(options=D_OPTIONS, value=64, description="d (data-parallel ranks)",
+                            **common),
+        stage=w.SelectionSlider(options=(0, 1, 2, 3), value=1, description="ZeRO stage", **common),
         optimizer_bytes=w.IntSlider(value=MIXED_PRECISION_ADAM_BYTES, min=0, max=16,
-                                    description="K (opt. B/param)"))
+                                    description="K (optimizer bytes per parameter)", **common))

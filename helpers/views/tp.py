@@ -88,15 +88,21 @@ def show_choice(choices: dict[str, TPHardware], t: int, hidden: int, tokens: int
 
 def widget_when_tp_pays(choices: dict[str, TPHardware], t: int, hidden: int,
                         tokens: int) -> w.interactive:
-    """Sliders for t, h and b·s, and a link menu, over `show_choice`."""
+    """Sliders for t, h and b·s (powers of two, acting on release) and a link menu, over
+    `show_choice`, which hands its figure to the output explicitly (`display`)."""
 
     def show(t, hidden, tokens, hardware):
         show_choice(choices, t, hidden, tokens, hardware)
 
+    common = dict(continuous_update=False, style={"description_width": "initial"},
+                  layout=w.Layout(width="520px"))  # act on release: no queue of redraws
     return w.interactive(
         show,
-        t=w.SelectionSlider(options=T_OPTIONS, value=t, description="t"),
-        hidden=w.SelectionSlider(options=HIDDEN_OPTIONS, value=hidden, description="h"),
-        tokens=w.SelectionSlider(options=TOKEN_OPTIONS, value=tokens, description="b·s"),
-        hardware=w.Dropdown(options=list(choices), description="link",
+        t=w.SelectionSlider(options=T_OPTIONS, value=t, description="t (tensor degree)", **common),
+        hidden=w.SelectionSlider(options=HIDDEN_OPTIONS, value=hidden,
+                                 description="h (hidden size)", **common),
+        tokens=w.SelectionSlider(options=TOKEN_OPTIONS, value=tokens,
+                                 description="b·s (tokens per step)", **common),
+        hardware=w.Dropdown(options=list(choices), description="GPUs and links",
+                            style={"description_width": "initial"},
                             layout=w.Layout(width="520px")))
