@@ -51,6 +51,8 @@ import weakref
 from datetime import timedelta
 from typing import Any, Callable
 
+from helpers.checks import check_choice, check_int
+
 BACKENDS = ("auto", "gloo", "nccl")
 # A CPU rank costs a Python process with torch imported (~0.4 GB resident); beyond this the
 # machine swaps or the kernel OOM-kills ranks, so refuse it up front.
@@ -141,8 +143,7 @@ def threads_per_rank(world_size: int) -> int:
 
 def resolve_backend(backend: str, world_size: int) -> str:
     """'auto' means NCCL when there is one GPU per rank, gloo on the CPU otherwise."""
-    if backend not in BACKENDS:
-        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    check_choice("backend", backend, BACKENDS)
     gpus = _cuda_device_count()
     if backend == "auto":
         return "nccl" if gpus >= world_size else "gloo"
@@ -158,12 +159,8 @@ def _cuda_device_count() -> int:
 
 
 def check_world_size(world_size: Any) -> int:
-    if isinstance(world_size, bool) or not isinstance(world_size, int):
-        raise TypeError(f"world_size must be an int, got {type(world_size).__name__}")
-    limit = max(max_cpu_world_size(), _cuda_device_count())
-    if not 1 <= world_size <= limit:
-        raise ValueError(f"world_size must be between 1 and {limit} on this machine, got {world_size}")
-    return world_size
+    """1 … the ranks this machine can hold (memory and cores, or one per GPU)."""
+    return check_int("world_size", world_size, 1, max(max_cpu_world_size(), _cuda_device_count()))
 
 
 def check_rank_function(fn: Any) -> Callable:
@@ -400,9 +397,13 @@ class _Rank:
                   "pdeathsig": threading.current_thread() is threading.main_thread(),
                   "op_path": op_path, "path": [p for p in sys.path if isinstance(p, str)]}
         try:
+            # A process group of its own: ipykernel's shutdown signals every child in the
+            # kernel's group and waits until none is left, and a rank it kills stays a zombie
+            # (nobody reaps it while the kernel shuts down), so it waited 29 s every time.
+            # Ranks end with the kernel anyway (death signal, watchdog pipe, exit handlers).
             self.process = subprocess.Popen([sys.executable, "-c", _BOOT, json.dumps(config)],
                                             pass_fds=(child.fileno(),), env=env,
-                                            stdin=subprocess.DEVNULL)
+                                            stdin=subprocess.DEVNULL, process_group=0)
         finally:
             child.close()
 

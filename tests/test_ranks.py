@@ -69,6 +69,14 @@ def live():
 
 # -- results, output, threads ----------------------------------------------------------------
 
+def test_ranks_are_outside_the_kernels_process_group():
+    # ipykernel's shutdown signals the children in its own process group and waits until they
+    # are gone; a killed rank nobody reaps would keep it waiting (29 s a restart, before).
+    with LiveRanks(2) as live:
+        live.run(rank_fns.identity)
+        assert all(os.getpgid(pid) != os.getpgrp() for pid in live.pids)
+
+
 def test_spawn_returns_results_in_rank_order_and_leaves_nothing_running():
     results = spawn(rank_fns.identity, 3, value="x")
     assert [r["rank"] for r in results] == [0, 1, 2]
