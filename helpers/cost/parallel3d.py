@@ -190,7 +190,8 @@ class Calibration:
     * `tp_all_reduce`: α–β by group size, fitted on the all-reduces timed inside the sharded
       blocks while the other ranks compute (the wait for the group's last member included);
     * `all_reduce`: α–β by group size of all-reduce with every group at once and nothing
-      else running (the DP gradients' sizes); `send_recv`: one p2p hop;
+      else running (the DP gradients' and the TP activations' sizes); `send_recv`: one
+      p2p hop;
     * `optimizer_s`: the optimizer step of one rank of (t, p, stage);
     * `lateness`: by group size d, how late the slowest of d replicas finishes the same
       compute, as a fraction of it (what a DP all-reduce waits for before it can start)."""
@@ -389,6 +390,22 @@ def summary(comparisons: Iterable[Comparison]) -> dict:
         "best_measured": name(min(rows, key=lambda c: c.step_s)),
         "best_predicted": name(min(rows, key=lambda c: c.predicted_s)),
     }
+
+
+def misses(comparisons: Iterable[Comparison]) -> str:
+    """Where each layout's error comes from, one line per layout: the step's miss
+    (predicted − measured) and the term that misses most, with its measured and predicted
+    values (ms)."""
+    lines = []
+    for c in comparisons:
+        diffs = {label: (getattr(c.measured, k), getattr(c.predicted.breakdown, k))
+                 for k, label in zip(Breakdown.PARTS, Breakdown.LABELS)}
+        label, (got, want) = max(diffs.items(), key=lambda kv: abs(kv[1][1] - kv[1][0]))
+        lines.append(f"{c.layout.d}·{c.layout.t}·{c.layout.p}: step {c.rel_error:+.0%} "
+                     f"({1e3 * (c.predicted_s - c.step_s):+.1f} ms); most from {label}: "
+                     f"measured {1e3 * got:.1f} ms, predicted {1e3 * want:.1f} ms "
+                     f"({1e3 * (want - got):+.1f} ms)")
+    return "\n".join(lines)
 
 
 def table(comparisons: Iterable[Comparison]) -> str:

@@ -213,7 +213,7 @@ def calibrate(rank: int, world_size: int, layouts=LAYOUTS_4,
     for d in sorted({lay.d for lay in layouts if lay.d > 1}):
         lateness[d] = _lateness(by_rank, d)
     comm = []
-    for ranks, nbytes in _gradients_used(layouts, config):
+    for ranks, nbytes in _all_reduces_used(layouts, config):
         group = split_groups([list(range(i, i + ranks)) for i in range(0, world_size, ranks)])
         buf = torch.zeros(nbytes // BYTES_PER_FLOAT)
         dist.barrier()
@@ -257,11 +257,13 @@ def _optimizer_on(t: int, p: int, stage: int, config: TransformerConfig):
     return make_optimizer("adamw", params)
 
 
-def _gradients_used(layouts, config) -> list[tuple[int, int]]:
-    """(group size, bytes) of every distinct DP all-reduce the layouts call: each stage's
-    gradients."""
-    return sorted({(lay.d, BYTES_PER_FLOAT * stage_parameters(lay, config, j))
-                   for lay in layouts if lay.d > 1 for j in range(lay.p)})
+def _all_reduces_used(layouts, config) -> list[tuple[int, int]]:
+    """(group size, bytes) of every distinct all-reduce the layouts call: each stage's
+    gradients on its DP group, and the (b, s, h) activation on the TP group (timed quiet
+    too: what the α–β model would say with nothing else running)."""
+    used = {(lay.t, activation_bytes(lay, config)) for lay in layouts if lay.t > 1}
+    return sorted(used | {(lay.d, BYTES_PER_FLOAT * stage_parameters(lay, config, j))
+                          for lay in layouts if lay.d > 1 for j in range(lay.p)})
 
 
 def _slowest(seconds: float) -> float:
