@@ -1,15 +1,19 @@
 """What a 3-D layout (d, t, p, m) of notebook 07's decoder should cost: pure arithmetic.
 
-One step of `helpers.parallel.parallel3d.train_3d` on d·t·p ranks, predicted from three
-calibrated numbers and the counts of its work:
+One step of `helpers.parallel.parallel3d.Trainer3D` on d·t·p ranks (forwards, backwards,
+DP all-reduce, optimizer step), predicted from the counts of its work and a `Calibration`
+whose every term was timed under the conditions of the step (all ranks at once), none
+fitted to the step times it predicts:
 
-* compute: the FLOPs of a rank's share (`forward_flops`, backward = 2 × forward), over the
-  FLOP/s one rank reaches at its thread count *while every rank computes at once* (on a
-  machine with fewer cores than ranks that is the honest rate: the ranks share the cores);
-* TP and DP communication: every collective the layout calls, priced by
-  `helpers.cost.alpha_beta.predict` with α–β fitted on the live ranks on that group size;
+* compute: the FLOPs of a rank's share (`forward_flops`, backward = 2 × forward) at the
+  time one rank took for that shape *while every rank computed at once* (on a machine with
+  fewer cores than ranks the ranks share the cores; fewer busy ranks share them less);
+* TP communication: 4 all-reduces per block, α–β (`helpers.cost.alpha_beta.predict`) fitted
+  per group size on the all-reduces timed inside the sharded blocks, between their compute;
 * the pipeline: the fill and drain of the schedule, `helpers.cost.bubble.bubble_theory`,
-  plus the point-to-point hops of the activations and their gradients.
+  plus the point-to-point hops of the activations and their gradients;
+* DP communication: the wait for the slowest replica, then one α–β all-reduce of the
+  stage's gradients; then the optimizer step, timed on the stage's parameters.
 
 Notation: p pipeline stages, m micro-batches, t tensor degree, d data degree, b micro-batch
 (sequences), s sequence length, h hidden width. Model sizes come as any object with the

@@ -34,7 +34,7 @@ from helpers.cost.parallel3d import (BYTES_PER_FLOAT, LAYOUTS_4, Breakdown, Cali
 from helpers.models import TRANSFORMER, Block, Head, Transformer, TransformerConfig, lm_loss
 from helpers.parallel.dp import make_optimizer
 from helpers.parallel.groups import split_groups
-from helpers.parallel.parallel3d import Stage, Trainer3D, check_3d
+from helpers.parallel.parallel3d import Rank3D, Stage, Trainer3D, check_3d, cpu_tensors
 from helpers.parallel.tp import counting
 from helpers.parallel.tp_transformer import shard_block, shard_dim
 
@@ -43,14 +43,17 @@ from helpers.parallel.tp_transformer import shard_block, shard_dim
 # ----------------------------------------------------------------------------------------
 
 CACHED_LAYOUTS = 12  # built layouts a rank keeps (least recently used dropped beyond)
-_TRAINERS: OrderedDict = OrderedDict()  # (Layout, config) → Trainer3D, on the world in _WORLD
+# (Layout, config) → (Trainer3D, its first step as a Rank3D), on the world in _WORLD
+_TRAINERS: OrderedDict = OrderedDict()
 _WORLD: list = []
 
 
-def _trainer(rank: int, world_size: int, layout: Layout, config: TransformerConfig) -> Trainer3D:
-    """This rank's built `layout`, from the cache or built now (with one untimed warm-up
-    step: the optimizer's state, DDP's buckets and the first-call kernels). A new world
-    process group (LiveRanks re-formed it) destroyed every sub-group: the cache starts over."""
+def _trainer(rank: int, world_size: int, layout: Layout, config: TransformerConfig):
+    """This rank's built `layout` and the record of its first step, from the cache or built
+    now: the first step (from the fresh model: what `train_3d` with steps=1 returns) is the
+    untimed warm-up of the optimizer's state, DDP's buckets and the first-call kernels. A new
+    world process group (LiveRanks re-formed it) destroyed every sub-group: the cache starts
+    over."""
     if not _WORLD or _WORLD[0] is not dist.group.WORLD:
         _TRAINERS.clear()
         _WORLD[:] = [dist.group.WORLD]
@@ -59,11 +62,20 @@ def _trainer(rank: int, world_size: int, layout: Layout, config: TransformerConf
         _TRAINERS.move_to_end(key)
         return _TRAINERS[key]
     if len(_TRAINERS) >= CACHED_LAYOUTS:  # every rank drops the same one: groups stay paired
-        _TRAINERS.popitem(last=False)[1].close()
+        _TRAINERS.popitem(last=False)[1][0].close()
     trainer = Trainer3D(rank, world_size, layout.d, layout.t, layout.p, layout.m, config)
-    trainer.step()
-    _TRAINERS[key] = trainer
-    return trainer
+    loss, _, grads = trainer.step(keep_grads=True)
+    first = Rank3D(rank, trainer.me, [loss] if loss is not None else None, grads,
+                   cpu_tensors(trainer.stage.named_parameters()), trainer.shards)
+    _TRAINERS[key] = trainer, first
+    return trainer, first
+
+
+def first_step(rank: int, world_size: int, layout: Layout,
+               config: TransformerConfig = TRANSFORMER) -> Rank3D:
+    """Rank function: the first step of the cached `layout` (building it if needed), as
+    `train_3d(..., steps=1)` returns it: checkable against `reference_3d` with `assemble`."""
+    return _trainer(rank, world_size, layout, config)[1]
 
 
 def forget_layouts(rank: int, world_size: int) -> int:
@@ -71,7 +83,7 @@ def forget_layouts(rank: int, world_size: int) -> int:
     many there were."""
     count = len(_TRAINERS)
     while _TRAINERS:
-        _TRAINERS.popitem()[1].close()
+        _TRAINERS.popitem()[1][0].close()
     return count
 
 
@@ -85,7 +97,7 @@ class RankSteps:
 def step_layout(rank: int, world_size: int, layout: Layout,
                 config: TransformerConfig = TRANSFORMER, steps: int = 3) -> RankSteps:
     """Rank function: `steps` timed training steps of the cached `layout` (see `_trainer`)."""
-    trainer = _trainer(rank, world_size, layout, config)
+    trainer = _trainer(rank, world_size, layout, config)[0]
     results = [trainer.step(timeline=True)[:2] for _ in range(steps)]
     return RankSteps(tuple(tuple(spans) for _, spans in results),
                      tuple(loss for loss, _ in results if loss is not None))
@@ -95,7 +107,10 @@ def step_layout(rank: int, world_size: int, layout: Layout,
 # Rank side: calibration.
 # ----------------------------------------------------------------------------------------
 
-def _median_seconds(fn, repeat: int, warmup: int = 1) -> list[float]:
+WARMUP = 2  # untimed calls before each timed series (first-call allocations, kernels)
+
+
+def _timings(fn, repeat: int, warmup: int = WARMUP) -> list[float]:
     """`repeat` timings of fn (after `warmup` calls), in call order."""
     for _ in range(warmup):
         fn()
@@ -160,7 +175,7 @@ def _lateness(per_rank: list[list[float]], size: int) -> float:
 
 
 def calibrate(rank: int, world_size: int, layouts=LAYOUTS_4,
-              config: TransformerConfig = TRANSFORMER, repeat: int = 3) -> CalibrationPoints:
+              config: TransformerConfig = TRANSFORMER, repeat: int = 5) -> CalibrationPoints:
     """Rank function: time, on every rank at once, each compute `Shape` the layouts use
     (forward + backward: a block sharded over t ranks as in the step, with groups of t
     consecutive ranks side by side, or the head and loss), the TP all-reduces inside those
@@ -168,7 +183,10 @@ def calibrate(rank: int, world_size: int, layouts=LAYOUTS_4,
     DP group size (groups side by side), one p2p hop per activation size (ping-pong between
     ranks 2i and 2i+1, halved) and the optimizer step on every stage's parameters. The t = 1
     shapes are also timed on rank 0 alone (the others wait in a broadcast, using no core):
-    their ratio says how many cores the ranks share."""
+    their ratio says how many cores the ranks share. Compute, TP and optimizer times are
+    means over the `repeat` calls and the ranks (what a step that chains many pieces adds
+    up: with more ranks than cores, a piece is sometimes cut by the scheduler and sometimes
+    not, and the median would drop the cuts); a quiet collective, the slowest rank's median."""
     generator = torch.Generator().manual_seed(rank)
     compute, alone, tp, lateness = {}, {}, [], {}
     groups = {}
@@ -187,20 +205,20 @@ def calibrate(rank: int, world_size: int, layouts=LAYOUTS_4,
             step = lambda: lm_loss(piece(x), targets).backward()  # noqa: E731
         with counting() as log:
             dist.barrier()
-            times = _median_seconds(step, repeat)
-        calls = len(log) // (repeat + 1)  # the warm-up call logged its collectives too
-        timed = log[calls:]
+            times = _timings(step, repeat)
+        calls = len(log) // (repeat + WARMUP)  # the warm-up calls logged theirs too
+        timed = log[WARMUP * calls:]
         comm = [sum(r.seconds for r in timed[i * calls:(i + 1) * calls]) for i in range(repeat)]
         work = [a - c for a, c in zip(times, comm)]
         per_rank.append(work)
-        compute[shape] = statistics.fmean(_gather(statistics.median(work)))
+        compute[shape] = statistics.fmean(_gather(statistics.fmean(work)))
         if calls:
-            seconds = statistics.median(r.seconds for r in timed)
+            seconds = statistics.fmean(r.seconds for r in timed)
             tp.append(CommPoint("all_reduce", t, timed[0].payload_bytes,
                                 statistics.fmean(_gather(seconds))))
         if t == 1:
             dist.barrier()
-            seconds = torch.tensor([statistics.median(_median_seconds(step, repeat))
+            seconds = torch.tensor([statistics.fmean(_timings(step, repeat))
                                     if rank == 0 else 0.0], dtype=torch.float64)
             dist.broadcast(seconds, src=0)  # the others wait here, using no core
             alone[shape] = float(seconds)
@@ -217,7 +235,7 @@ def calibrate(rank: int, world_size: int, layouts=LAYOUTS_4,
         group = split_groups([list(range(i, i + ranks)) for i in range(0, world_size, ranks)])
         buf = torch.zeros(nbytes // BYTES_PER_FLOAT)
         dist.barrier()
-        seconds = statistics.median(_median_seconds(lambda: dist.all_reduce(buf, group=group),
+        seconds = statistics.median(_timings(lambda: dist.all_reduce(buf, group=group),
                                                     repeat))
         comm.append(CommPoint("all_reduce", ranks, nbytes, _slowest(seconds)))
         dist.destroy_process_group(group)
@@ -230,14 +248,13 @@ def calibrate(rank: int, world_size: int, layouts=LAYOUTS_4,
             first(buf, peer)
             second(buf, peer)
         dist.barrier()
-        seconds = statistics.median(_median_seconds(ping_pong, repeat)) / 2
+        seconds = statistics.median(_timings(ping_pong, repeat)) / 2
         comm.append(CommPoint("send_recv", 2, nbytes, _slowest(seconds)))
     optimizer = {}
     for key in stages_used(layouts, config):
         opt = _optimizer_on(*key, config)
         dist.barrier()
-        optimizer[key] = statistics.fmean(_gather(statistics.median(
-            _median_seconds(opt.step, repeat))))
+        optimizer[key] = statistics.fmean(_gather(statistics.fmean(_timings(opt.step, repeat))))
     return CalibrationPoints(world=world_size, compute_s=compute, alone_s=alone, tp=tuple(tp),
                              comm=tuple(comm), optimizer_s=optimizer, lateness=lateness)
 
@@ -319,6 +336,14 @@ class Run:
     timelines: tuple
     steps_s: tuple
     loss: float
+
+
+def first_steps(ranks, layout: Layout, config: TransformerConfig = TRANSFORMER) -> list:
+    """Every rank's `first_step` of `layout` (a list of `Rank3D`, for `assemble`); the layout
+    stays built on the ranks for `run_layout`."""
+    check_3d(layout.d, layout.t, layout.p, layout.m, config)
+    ranks.resize(layout.world)
+    return ranks.run(first_step, layout, config)
 
 
 def run_layout(ranks, layout: Layout, config: TransformerConfig = TRANSFORMER,

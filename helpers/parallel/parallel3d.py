@@ -242,7 +242,8 @@ def _pipeline_step(model: BucketedDDP, plan, stage: int, p: int, inputs, targets
     return loss if stage == last else None
 
 
-def _cpu(named) -> dict[str, torch.Tensor]:
+def cpu_tensors(named) -> dict[str, torch.Tensor]:
+    """Detached CPU copies of (name, tensor) pairs, by name."""
     return {name: tensor.detach().to("cpu", copy=True) for name, tensor in named}
 
 
@@ -295,7 +296,7 @@ class Trainer3D:
                 self.model.finish_gradient_synchronization()
             with clock.span("optimizer", "step"):
                 self.opt.step()
-        grads = _cpu((n, q.grad) for n, q in self.stage.named_parameters()) if keep_grads else None
+        grads = cpu_tensors((n, q.grad) for n, q in self.stage.named_parameters()) if keep_grads else None
         self.opt.zero_grad(set_to_none=True)
         if loss is not None:  # the whole batch's: the mean of the replicas' means
             loss = all_reduce_mean(torch.tensor(loss), self.groups.dp).item()
@@ -325,7 +326,7 @@ def train_3d(rank: int, world_size: int, d: int, t: int, p: int, m: int,
             if loss is not None:
                 losses.append(loss)
         return Rank3D(rank, trainer.me, losses if trainer.me.pp == p - 1 else None, grads,
-                      _cpu(trainer.stage.named_parameters()), trainer.shards, spans)
+                      cpu_tensors(trainer.stage.named_parameters()), trainer.shards, spans)
     finally:
         trainer.close()
 
@@ -394,11 +395,11 @@ def reference_3d(config: TransformerConfig = TRANSFORMER, steps: int = 1,
     for _ in range(steps):
         loss = lm_loss(model(inputs), targets)
         loss.backward()
-        grads = _cpu((n, q.grad) for n, q in model.named_parameters())
+        grads = cpu_tensors((n, q.grad) for n, q in model.named_parameters())
         opt.step()
         opt.zero_grad(set_to_none=True)
         losses.append(loss.item())
-    return Whole(losses, grads, _cpu(model.named_parameters()))
+    return Whole(losses, grads, cpu_tensors(model.named_parameters()))
 
 
 # ----------------------------------------------------------------------------------------
@@ -492,12 +493,12 @@ def torch_3d(rank: int, world_size: int, d: int, t: int, p: int, m: int,
             else:
                 runner.step()
             loss = torch.stack(micro).mean() if micro else None
-        grads = _cpu((n, _whole(q.grad)) for n, q in stage.named_parameters())
+        grads = cpu_tensors((n, _whole(q.grad)) for n, q in stage.named_parameters())
         opt.step()
         opt.zero_grad(set_to_none=True)
         if loss is not None:
             losses.append(all_reduce_mean(_whole(loss.detach()).clone(), dp_group).item())
-    params = _cpu((n, _whole(q)) for n, q in stage.named_parameters())
+    params = cpu_tensors((n, _whole(q)) for n, q in stage.named_parameters())
     return Rank3D(rank, me, losses if me.pp == p - 1 else None, grads, params,
                   {name: Shard(None) for name in params})
 
