@@ -29,6 +29,7 @@ from typing import Iterable, Mapping
 from helpers.checks import check_int, check_number
 from helpers.cost.alpha_beta import Fit, relative_error
 from helpers.cost.bubble import bubble_theory
+from helpers.parallel.schedules import simulate
 
 BYTES_PER_FLOAT = 4  # float32 activations, gradients and weights
 
@@ -238,12 +239,18 @@ class Calibration:
 
 
 def busy_ranks(layout: Layout) -> float:
-    """How many ranks compute at once, on average while any does: all of them without a
-    pipeline (data and tensor parallel ranks compute in lockstep); with one, the fraction of
-    rank-time that is not bubble, world · (1 − bubble_theory(p, m))."""
+    """How many ranks compute at once while a rank computes (what its compute shares the
+    cores with), on average over its compute time: all of them without a pipeline (data and
+    tensor parallel ranks compute in lockstep); with one, the d·t ranks of each stage times
+    the stages busy during a stage's work in the 1F1B schedule
+    (`helpers.parallel.schedules.simulate`, backward = 2 × forward): Σ overlap / Σ busy time
+    over its events. (The time average would be p·(1 − bubble_theory(p, m)); a rank's own
+    work falls more often where the others work too.)"""
     if layout.p == 1:
         return float(layout.world)
-    return layout.world * (1 - bubble_theory(layout.p, layout.m))
+    events = simulate("1f1b", layout.p, layout.m, t_f=1.0, t_b=2.0)
+    overlap = sum(max(0.0, min(e.end, o.end) - max(e.start, o.start)) for e in events for o in events)
+    return layout.world // layout.p * overlap / sum(e.end - e.start for e in events)
 
 
 @dataclass(frozen=True)
