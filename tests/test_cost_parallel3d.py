@@ -9,7 +9,7 @@ from helpers.cost.alpha_beta import Fit
 from helpers.cost.parallel3d import (LAYOUTS_4, Breakdown, Calibration, Comparison, Layout,
                                      Shape, busy_ranks, forward_flops, layout_problem,
                                      measured_breakdown, predict, shape_flops, shapes_used,
-                                     stage_parameters, summary, table)
+                                     stage_parameters, stages_used, summary, table)
 
 TINY = SimpleNamespace(vocab=8, hidden=4, heads=2, layers=4, seq=3, batch=8)
 
@@ -30,12 +30,15 @@ def test_stage_parameters_by_hand_and_they_add_up_to_the_model():
     assert stage_parameters(Layout(1, 1, 1), config, 0) == config.parameters == 916
 
 
-def _calibration(cores: float, layouts=(Layout(1, 2, 2, 4),)) -> Calibration:
-    """Every block piece takes 1 s alone, the head 0.5 s; all-reduce costs α = 10 ms only,
-    a p2p hop α = 100 ms only."""
+def _calibration(cores: float, layouts=(Layout(1, 2, 2, 4),), **changes) -> Calibration:
+    """4 ranks; every block piece takes 1 s with all of them busy, the head 0.5 s; a TP
+    all-reduce costs α = 10 ms only, a p2p hop α = 100 ms only; the optimizer and DP nothing."""
     seconds = {"block": 1.0, "head": 0.5}
-    rates = {s: shape_flops(s, TINY) / seconds[s.part] for s in shapes_used(layouts, TINY)}
-    return Calibration(rates, cores, {2: Fit("all_reduce", 0.01, 0.0)}, Fit("send_recv", 0.1, 0.0))
+    fields = dict(world=4, compute_s={s: seconds[s.part] for s in shapes_used(layouts, TINY)},
+                  cores=cores, tp_all_reduce={2: Fit("all_reduce", 0.01, 0.0)}, all_reduce={},
+                  send_recv=Fit("send_recv", 0.1, 0.0),
+                  optimizer_s=dict.fromkeys(stages_used(layouts, TINY), 0.0), lateness={})
+    return Calibration(**{**fields, **changes})
 
 
 def test_pipeline_with_tensor_parallel_stages_by_hand():
@@ -51,39 +54,47 @@ def test_pipeline_with_tensor_parallel_stages_by_hand():
     assert got.breakdown.dp_comm_s == 0
 
 
-def test_ranks_beyond_the_cores_slow_compute_down():
-    # 1·2·2 with m = 4: 4·(1 − 1/5) = 3.2 ranks busy on average, on 1.6 cores: compute × 2
-    assert busy_ranks(Layout(1, 2, 2, 4)) == pytest.approx(3.2)
+def test_fewer_busy_ranks_than_calibrated_share_the_cores_less():
+    # 1F1B, p = 2, m = 4 (F = 1, B = 2): stage 0 works 12 units, 3 of them alone (its first
+    # forward and its last backward: 1 + 2), 9 with stage 1; stage 1 the same, mirrored:
+    # a busy stage shares with 1 + 9/12 = 1.75 stages, so 2 · 1.75 = 3.5 ranks of 1·2·2
+    assert busy_ranks(Layout(1, 2, 2, 4)) == pytest.approx(3.5)
     assert busy_ranks(Layout(2, 2, 1)) == 4
-    got = predict(Layout(1, 2, 2, 4), TINY, _calibration(cores=1.6))
-    assert got.stage_s == pytest.approx((4.16, 5.16))
-    assert got.step_s == pytest.approx(4 * 5.16 + 4.16 + 0.8)
+    # calibrated with 4 busy on 1.75 cores (each at 1.75/4), now each at 1.75/3.5: × 0.875
+    got = predict(Layout(1, 2, 2, 4), TINY, _calibration(cores=1.75))
+    assert got.stage_s == pytest.approx((2 * 0.875 + 0.16, 2.5 * 0.875 + 0.16))
 
 
 def test_equal_stages_give_notebook_05s_bubble():
     """With the head free, every stage is equal and the step is (m + p − 1)·T."""
     lay = Layout(1, 1, 4, 8)
     cal = _calibration(4.0, (lay,))
-    cal.flops_per_s[Shape("head", 1 * 3, 1)] = float("inf")
+    cal.compute_s[Shape("head", 1 * 3, 1)] = 0.0
     got = predict(lay, TINY, cal)
     assert got.step_s - got.p2p_s == pytest.approx((8 + 4 - 1) * 1.0)
 
 
-def test_data_parallel_all_reduce_by_hand():
+def test_data_parallel_all_reduce_lateness_and_optimizer_by_hand():
     lay = Layout(2, 1, 1)
-    cal = Calibration({s: shape_flops(s, TINY) for s in shapes_used([lay], TINY)}, 4.0,
-                      {2: Fit("all_reduce", 0.0, 1e-9)}, Fit("send_recv", 0.0, 0.0))
+    cal = _calibration(4.0, (lay,), all_reduce={2: Fit("all_reduce", 0.0, 1e-9)},
+                       lateness={2: 0.1}, optimizer_s={(1, 1, 0): 0.25})
     got = predict(lay, TINY, cal)
-    # ring all-reduce on 2 ranks: 2(p−1)/p · n·β = n·β with n = 4 bytes × 916 parameters
-    assert got.breakdown.dp_comm_s == pytest.approx(4 * 916 * 1e-9)
-    assert got.breakdown.compute_s == pytest.approx(4 * 1.0 + 1.0)  # 1 s per FLOP/s "rate" of 1
+    # 4 blocks of 1 s and the head's 0.5 s; the slowest replica 10 % later; ring all-reduce
+    # on 2 ranks: 2(p−1)/p · n·β = n·β with n = 4 bytes × 916 parameters; AdamW 0.25 s
+    assert got.breakdown.compute_s == pytest.approx(4.5)
+    assert got.breakdown.dp_comm_s == pytest.approx(0.45 + 4 * 916 * 1e-9)
+    assert got.breakdown.optimizer_s == 0.25
+    assert got.step_s == pytest.approx(4.5 + 0.45 + 4 * 916 * 1e-9 + 0.25)
+    assert cal.flops_per_s(Shape("head", 12, 1), TINY) == shape_flops(Shape("head", 12, 1), TINY) / 0.5
 
 
 def test_measured_breakdown_adds_up_to_the_step():
     span = lambda kind, a, b: SimpleNamespace(kind=kind, start_s=a, end_s=b)  # noqa: E731
     got = measured_breakdown([[span("compute", 0, 1), span("tp_comm", 1, 1.5), span("pp_comm", 1.5, 2)],
-                              [span("compute", 0, 2), span("dp_comm", 2, 2.5)]], step_s=3.0)
-    assert got == Breakdown(compute_s=1.5, tp_comm_s=0.25, bubble_p2p_s=1.0, dp_comm_s=0.25)
+                              [span("compute", 0, 2), span("dp_comm", 2, 2.5),
+                               span("optimizer", 2.5, 3)]], step_s=3.0)
+    assert got == Breakdown(compute_s=1.5, tp_comm_s=0.25, bubble_p2p_s=0.75, dp_comm_s=0.25,
+                            optimizer_s=0.25)
     assert got.step_s == 3.0
     with pytest.raises(ValueError, match="span kind must be one of"):
         measured_breakdown([[span("idle", 0, 1)]], 1.0)
@@ -98,9 +109,9 @@ def test_layouts_that_do_not_divide_the_model_are_named():
 
 
 def _comparison(layout, measured, predicted):
-    parts = Breakdown(measured, 0.0, 0.0, 0.0)
+    parts = Breakdown(measured, 0.0, 0.0, 0.0, 0.0)
     from helpers.cost.parallel3d import Prediction
-    return Comparison(layout, parts, Prediction(layout, Breakdown(predicted, 0, 0, 0), 0, 0, ()))
+    return Comparison(layout, parts, Prediction(layout, Breakdown(predicted, 0, 0, 0, 0), 0, 0, ()))
 
 
 def test_summary_has_the_benchmarks_fields():

@@ -178,6 +178,24 @@ def test_timeline_has_every_kind_of_span_in_order(eight):
     assert all(r.timeline is None for r in p3.run_3d(eight, d, t, p, M, SMALL))
 
 
+# --- the measurement path: layouts kept built on the ranks --------------------------------
+
+def test_a_cached_layout_starts_from_the_single_process_step_and_is_built_once(four, one_step):
+    from helpers.cost.parallel3d import Layout
+    from helpers.parallel import layouts
+    four.resize(4).run(layouts.forget_layouts)
+    lay = Layout(1, 2, 2, M)
+    results = layouts.first_steps(four, lay, SMALL)
+    assert_matches(p3.assemble(results), one_step)
+    run = layouts.run_layout(four, lay, SMALL, steps=3)
+    assert len(run.steps_s) == 3 and run.step_s == sorted(run.steps_s)[1]
+    for spans in run.timelines:  # the optimizer step closes every rank's step
+        assert max(spans, key=lambda s: s.end_s).kind == "optimizer"
+    layouts.run_layout(four, lay, SMALL, steps=1)
+    assert four.run(layouts.forget_layouts) == [1] * 4  # one build, kept between the calls
+    assert four.run(layouts.forget_layouts) == [0] * 4
+
+
 # --- PyTorch's own pieces -----------------------------------------------------------------
 
 def test_torch_device_mesh_tp_fsdp2_and_pipelining_together_on_8_ranks(eight, one_step):

@@ -1,15 +1,19 @@
 """What a 3-D layout (d, t, p, m) of notebook 07's decoder should cost: pure arithmetic.
 
-One step of `helpers.parallel.parallel3d.train_3d` on d·t·p ranks, predicted from three
-calibrated numbers and the counts of its work:
+One step of `helpers.parallel.parallel3d.Trainer3D` on d·t·p ranks (forwards, backwards,
+DP all-reduce, optimizer step), predicted from the counts of its work and a `Calibration`
+whose every term was timed under the conditions of the step (all ranks at once), none
+fitted to the step times it predicts:
 
-* compute: the FLOPs of a rank's share (`forward_flops`, backward = 2 × forward), over the
-  FLOP/s one rank reaches at its thread count *while every rank computes at once* (on a
-  machine with fewer cores than ranks that is the honest rate: the ranks share the cores);
-* TP and DP communication: every collective the layout calls, priced by
-  `helpers.cost.alpha_beta.predict` with α–β fitted on the live ranks on that group size;
+* compute: the FLOPs of a rank's share (`forward_flops`, backward = 2 × forward) at the
+  time one rank took for that shape *while every rank computed at once* (on a machine with
+  fewer cores than ranks the ranks share the cores; fewer busy ranks share them less);
+* TP communication: 4 all-reduces per block, α–β (`helpers.cost.alpha_beta.predict`) fitted
+  per group size on the all-reduces timed inside the sharded blocks, between their compute;
 * the pipeline: the fill and drain of the schedule, `helpers.cost.bubble.bubble_theory`,
-  plus the point-to-point hops of the activations and their gradients.
+  plus the point-to-point hops of the activations and their gradients;
+* DP communication: the wait for the slowest replica, then one α–β all-reduce of the
+  stage's gradients; then the optimizer step, timed on the stage's parameters.
 
 Notation: p pipeline stages, m micro-batches, t tensor degree, d data degree, b micro-batch
 (sequences), s sequence length, h hidden width. Model sizes come as any object with the
@@ -25,6 +29,7 @@ from typing import Iterable, Mapping
 from helpers.checks import check_int, check_number
 from helpers.cost.alpha_beta import Fit, relative_error
 from helpers.cost.bubble import bubble_theory
+from helpers.parallel.schedules import simulate
 
 BYTES_PER_FLOAT = 4  # float32 activations, gradients and weights
 
@@ -174,55 +179,97 @@ def activation_bytes(layout: Layout, config) -> int:
 # Calibration and prediction.
 # ----------------------------------------------------------------------------------------
 
+def stages_used(layouts: Iterable[Layout], config) -> list[tuple[int, int, int]]:
+    """The distinct (t, p, stage) of a set of layouts: whose parameters an optimizer steps."""
+    return sorted({(lay.t, lay.p, j) for lay in layouts for j in range(lay.p)})
+
+
 @dataclass(frozen=True)
 class Calibration:
-    """What the machine measured: FLOP/s of one rank at each `Shape` computing alone, the
-    cores the ranks effectively share (`cores`: world · t_alone / t_all, from the same shapes
-    timed on every rank at once), and α–β fits of all-reduce by group size and of one p2p hop."""
-    flops_per_s: Mapping[Shape, float]
+    """What the machine measured, every term under the conditions of the step (every rank of
+    the `world` at once):
+
+    * `compute_s`: seconds of one piece's forward + backward at each `Shape` (the TP
+      all-reduces inside a sharded block cut out), and `cores`: the cores the ranks
+      effectively share (world · t_alone / t_all, from the t = 1 shapes also timed alone);
+    * `tp_all_reduce`: α–β by group size, fitted on the all-reduces timed inside the sharded
+      blocks while the other ranks compute (the wait for the group's last member included);
+    * `all_reduce`: α–β by group size of all-reduce with every group at once and nothing
+      else running (the DP gradients' and the TP activations' sizes); `send_recv`: one
+      p2p hop;
+    * `optimizer_s`: the optimizer step of one rank of (t, p, stage);
+    * `lateness`: by group size d, how late the slowest of d replicas finishes the same
+      compute, as a fraction of it (what a DP all-reduce waits for before it can start)."""
+    world: int
+    compute_s: Mapping[Shape, float]
     cores: float
-    all_reduce: Mapping[int, Fit]     # group size → fit of op "all_reduce"
-    send_recv: Fit                    # one message to a neighbour (op "send_recv")
+    tp_all_reduce: Mapping[int, Fit]
+    all_reduce: Mapping[int, Fit]
+    send_recv: Fit
+    optimizer_s: Mapping[tuple, float]
+    lateness: Mapping[int, float]
 
-    def seconds(self, shape: Shape, config, busy: float = 1.0) -> float:
+    def flops_per_s(self, shape: Shape, config) -> float:
+        """The rate one rank reached at `shape` while every rank computed."""
+        return shape_flops(shape, config) / self.compute_s[shape]
+
+    def seconds(self, shape: Shape, busy: float) -> float:
         """One piece's time while `busy` ranks compute at once: the ranks share the cores
-        evenly, so beyond `cores` ranks each one slows down by busy / cores."""
-        if shape not in self.flops_per_s:
-            raise ValueError(f"no calibrated rate for {shape}: calibrate the layouts you predict")
-        return shape_flops(shape, config) / self.flops_per_s[shape] * max(1.0, busy / self.cores)
+        evenly, so beyond `cores` ranks each one slows down by busy / cores (calibrated with
+        all `world` ranks busy)."""
+        if shape not in self.compute_s:
+            raise ValueError(f"no calibrated time for {shape}: calibrate the layouts you predict")
+        share = lambda n: max(1.0, n / self.cores)  # noqa: E731
+        return self.compute_s[shape] * share(busy) / share(self.world)
 
-    def all_reduce_s(self, ranks: int, nbytes: float) -> float:
+    def _fit(self, fits: Mapping[int, Fit], ranks: int, nbytes: float, what: str) -> float:
         if ranks == 1:
             return 0.0
-        if ranks not in self.all_reduce:
-            raise ValueError(f"no all_reduce fit for groups of {ranks}: have {sorted(self.all_reduce)}")
-        return self.all_reduce[ranks].predict(ranks, nbytes)
+        if ranks not in fits:
+            raise ValueError(f"no {what} fit for groups of {ranks}: have {sorted(fits)}")
+        return fits[ranks].predict(ranks, nbytes)
+
+    def tp_s(self, ranks: int, nbytes: float) -> float:
+        """One TP all-reduce inside a block."""
+        return self._fit(self.tp_all_reduce, ranks, nbytes, "TP all_reduce")
+
+    def all_reduce_s(self, ranks: int, nbytes: float) -> float:
+        """One quiet all-reduce (every group at once)."""
+        return self._fit(self.all_reduce, ranks, nbytes, "all_reduce")
 
 
 def busy_ranks(layout: Layout) -> float:
-    """How many ranks compute at once, on average while any does: all of them without a
-    pipeline (data and tensor parallel ranks compute in lockstep); with one, the fraction of
-    rank-time that is not bubble, world · (1 − bubble_theory(p, m))."""
+    """How many ranks compute at once while a rank computes (what its compute shares the
+    cores with), on average over its compute time: all of them without a pipeline (data and
+    tensor parallel ranks compute in lockstep); with one, the d·t ranks of each stage times
+    the stages busy during a stage's work in the 1F1B schedule
+    (`helpers.parallel.schedules.simulate`, backward = 2 × forward): Σ overlap / Σ busy time
+    over its events. (The time average would be p·(1 − bubble_theory(p, m)); a rank's own
+    work falls more often where the others work too.)"""
     if layout.p == 1:
         return float(layout.world)
-    return layout.world * (1 - bubble_theory(layout.p, layout.m))
+    events = simulate("1f1b", layout.p, layout.m, t_f=1.0, t_b=2.0)
+    overlap = sum(max(0.0, min(e.end, o.end) - max(e.start, o.start)) for e in events for o in events)
+    return layout.world // layout.p * overlap / sum(e.end - e.start for e in events)
 
 
 @dataclass(frozen=True)
 class Breakdown:
     """One step by cause, in seconds, averaged over the ranks so that the parts add up to the
-    step: compute, TP collectives, the pipeline's idle time and its hops, DP collectives."""
+    step: compute, TP collectives, the pipeline's idle time and its hops, DP collectives
+    (waits for the slowest replica included), the optimizer step."""
     compute_s: float
     tp_comm_s: float
     bubble_p2p_s: float
     dp_comm_s: float
+    optimizer_s: float
 
     @property
     def step_s(self) -> float:
-        return self.compute_s + self.tp_comm_s + self.bubble_p2p_s + self.dp_comm_s
+        return sum(getattr(self, part) for part in self.PARTS)
 
-    PARTS = ("compute_s", "tp_comm_s", "bubble_p2p_s", "dp_comm_s")
-    LABELS = ("compute", "TP comm", "bubble + p2p", "DP comm")
+    PARTS = ("compute_s", "tp_comm_s", "bubble_p2p_s", "dp_comm_s", "optimizer_s")
+    LABELS = ("compute", "TP comm", "bubble + p2p", "DP comm", "optimizer")
 
 
 @dataclass(frozen=True)
@@ -243,28 +290,34 @@ def predict(layout: Layout, config, calibration: Calibration) -> Prediction:
     """One step of `layout`, from the counts above and the calibration.
 
     Per stage j and micro-batch: T_j = Σ pieces' compute (at the rate of `busy_ranks`
-    sharing the cores) + 4 TP all-reduces per block (2
-    forward, 2 backward) of the (b, s, h) activation on t ranks. The schedule (GPipe or
-    1F1B: the same length) runs Σ_j T_j + (m−1)·max_j T_j: the slowest stage's m
-    micro-batches back to back, plus the fill and drain of the others, (p−1)·T̄, which is
-    `bubble_theory(p, m) / (1 − bubble_theory(p, m))` · m·T̄ (T̄ the mean of the other
-    stages; with equal stages exactly the bubble of notebook 05). The first micro-batch's
-    activation hops p−1 times forward and its gradient p−1 times back, one α–β p2p each,
-    and so does every later one through the slowest stage (2 per micro-batch): 2·(p−1+m−1)
-    hops. Then every stage all-reduces its gradients over d ranks, one call (one bucket).
+    sharing the cores) + 4 TP all-reduces per block (2 forward, 2 backward) of the (b, s, h)
+    activation on t ranks (`tp_s`). The schedule (GPipe or 1F1B: the same length) runs
+    Σ_j T_j + (m−1)·max_j T_j: the slowest stage's m micro-batches back to back, plus the
+    fill and drain of the others, (p−1)·T̄, which is `bubble_theory(p, m) /
+    (1 − bubble_theory(p, m))` · m·T̄ (T̄ the mean of the other stages; with equal stages
+    exactly the bubble of notebook 05). The first micro-batch's activation hops p−1 times
+    forward and its gradient p−1 times back, one α–β p2p each, and so does every later one
+    through the slowest stage (2 per micro-batch): 2·(p−1+m−1) hops. Then every stage
+    all-reduces its gradients over d ranks, one call (one bucket), after waiting for the
+    slowest replica (`lateness[d]` × its compute), and steps its optimizer; the step ends
+    with the last stage to finish that.
     """
     check_layout(layout, config)
     d, t, p, m = layout.d, layout.t, layout.p, layout.m
     act = activation_bytes(layout, config)
     blocks = config.layers // p
     busy = busy_ranks(layout)
-    compute, tp, stage = [], [], []
+    compute, tp, stage, dp, opt = [], [], [], [], []
     for j in range(p):
-        c = sum(calibration.seconds(s, config, busy) for s in stage_shapes(layout, config, j))
-        comm = 4 * blocks * calibration.all_reduce_s(t, act)
+        c = sum(calibration.seconds(s, busy) for s in stage_shapes(layout, config, j))
+        comm = 4 * blocks * calibration.tp_s(t, act)
         compute.append(m * c)
         tp.append(m * comm)
         stage.append(c + comm)
+        wait = calibration.lateness.get(d, 0.0) * m * c if d > 1 else 0.0
+        dp.append(wait + calibration.all_reduce_s(
+            d, BYTES_PER_FLOAT * stage_parameters(layout, config, j)))
+        opt.append(calibration.optimizer_s[(t, p, j)])
     slowest = max(stage)
     if p > 1:
         others = (sum(stage) - slowest) / (p - 1)
@@ -273,12 +326,11 @@ def predict(layout: Layout, config, calibration: Calibration) -> Prediction:
         p2p = 2 * (p - 1 + m - 1) * calibration.send_recv.predict(2, act)
     else:
         bubble = p2p = 0.0
-    dp = [calibration.all_reduce_s(d, BYTES_PER_FLOAT * stage_parameters(layout, config, j))
-          for j in range(p)]
-    step = m * slowest + bubble + p2p + max(dp)
+    step = m * slowest + bubble + p2p + max(x + y for x, y in zip(dp, opt))
     mean = statistics.fmean
     parts = Breakdown(compute_s=mean(compute), tp_comm_s=mean(tp), dp_comm_s=mean(dp),
-                      bubble_p2p_s=step - mean(compute) - mean(tp) - mean(dp))
+                      optimizer_s=mean(opt),
+                      bubble_p2p_s=step - mean(compute) - mean(tp) - mean(dp) - mean(opt))
     return Prediction(layout, parts, bubble_s=bubble, p2p_s=p2p, stage_s=tuple(stage))
 
 
@@ -286,7 +338,7 @@ def predict(layout: Layout, config, calibration: Calibration) -> Prediction:
 # Measured against predicted.
 # ----------------------------------------------------------------------------------------
 
-KINDS = ("compute", "tp_comm", "pp_comm", "dp_comm")
+KINDS = ("compute", "tp_comm", "pp_comm", "dp_comm", "optimizer")
 
 
 def measured_breakdown(spans_by_rank: Iterable[Iterable], step_s: float) -> Breakdown:
@@ -306,8 +358,8 @@ def measured_breakdown(spans_by_rank: Iterable[Iterable], step_s: float) -> Brea
         raise ValueError("spans_by_rank must hold at least one rank")
     mean = {k: statistics.fmean(s[k] for s in totals) for k in KINDS}
     return Breakdown(compute_s=mean["compute"], tp_comm_s=mean["tp_comm"],
-                     dp_comm_s=mean["dp_comm"],
-                     bubble_p2p_s=step_s - mean["compute"] - mean["tp_comm"] - mean["dp_comm"])
+                     dp_comm_s=mean["dp_comm"], optimizer_s=mean["optimizer"],
+                     bubble_p2p_s=step_s - sum(mean[k] for k in KINDS if k != "pp_comm"))
 
 
 @dataclass(frozen=True)
@@ -351,15 +403,31 @@ def summary(comparisons: Iterable[Comparison]) -> dict:
     }
 
 
+def misses(comparisons: Iterable[Comparison]) -> str:
+    """Where each layout's error comes from, one line per layout: the step's miss
+    (predicted − measured) and the term that misses most, with its measured and predicted
+    values (ms)."""
+    lines = []
+    for c in comparisons:
+        diffs = {label: (getattr(c.measured, k), getattr(c.predicted.breakdown, k))
+                 for k, label in zip(Breakdown.PARTS, Breakdown.LABELS)}
+        label, (got, want) = max(diffs.items(), key=lambda kv: abs(kv[1][1] - kv[1][0]))
+        lines.append(f"{c.layout.d}·{c.layout.t}·{c.layout.p}: step {c.rel_error:+.0%} "
+                     f"({1e3 * (c.predicted_s - c.step_s):+.1f} ms); most from {label}: "
+                     f"measured {1e3 * got:.1f} ms, predicted {1e3 * want:.1f} ms "
+                     f"({1e3 * (want - got):+.1f} ms)")
+    return "\n".join(lines)
+
+
 def table(comparisons: Iterable[Comparison]) -> str:
     """Measured against predicted, one line per layout, times in ms."""
-    lines = [f"{'d·t·p':>6} {'m':>2} | {'measured':>9} {'predicted':>9} {'error':>7} | "
-             f"{'compute':>15} {'TP comm':>15} {'bubble+p2p':>15} {'DP comm':>15}"]
-    lines.append(" " * 10 + "|" + " " * 29 + "|" + "   (measured / predicted, ms)")
+    head = " ".join(f"{label:>13}" for label in Breakdown.LABELS)
+    lines = [f"{'d·t·p':>6} {'m':>2} | {'measured':>9} {'predicted':>9} {'error':>6} | {head}",
+             " " * 10 + "|" + " " * 28 + "|" + "   (measured / predicted, ms)"]
     for c in comparisons:
-        lay, ms = c.layout, lambda s: f"{1e3 * s:.0f}"
-        parts = " ".join(f"{ms(getattr(c.measured, k)) + ' / ' + ms(getattr(c.predicted.breakdown, k)):>15}"
+        lay, ms = c.layout, lambda s: f"{1e3 * s:.1f}"
+        parts = " ".join(f"{ms(getattr(c.measured, k)) + '/' + ms(getattr(c.predicted.breakdown, k)):>13}"
                          for k in Breakdown.PARTS)
-        lines.append(f"{lay.d}·{lay.t}·{lay.p:<2} {lay.m:>2} | {ms(c.step_s) + ' ms':>9} "
-                     f"{ms(c.predicted_s) + ' ms':>9} {c.rel_error:>+7.0%} | {parts}")
+        lines.append(f"{lay.d}·{lay.t}·{lay.p:<2} {lay.m:>2} | {ms(c.step_s):>6} ms "
+                     f"{ms(c.predicted_s):>6} ms {c.rel_error:>+6.0%} | {parts}")
     return "\n".join(lines)

@@ -1,63 +1,117 @@
 """Every 3-D layout of a world, measured on the same live ranks, and the calibration the cost
 model (`helpers.cost.parallel3d`) needs.
 
-* `calibrate`: rank function. Every rank times, all at once (as they run in a layout), the
-  forward + backward of each compute `Shape` the layouts use; then all-reduce on the group
-  sizes used (groups side by side, as in the layouts) over a few message sizes, and one p2p
-  hop (ping-pong between neighbours). Returns the points; `fit_calibration` turns them into
-  a `Calibration` (α–β from `helpers.cost.alpha_beta.fit_alpha_beta`).
-* `measure`: rank function. Round-robin over the layouts: round r runs one step of every
-  layout in turn (each layout's model and groups built once, before the first round), so
-  every layout sees the same machine load; a step's time is the slowest rank's.
+* `step_layout`: rank function. Steps one layout on a `Trainer3D` the rank keeps between
+  calls (a rank-side cache keyed by layout and model, for as long as the world's process
+  group lives; `forget_layouts` empties it), and returns the timelines of several steps.
+  Building a layout (its groups, the sharded model, DDP, the optimizer) costs far more than
+  a step; cached, a round of the round-robin costs only its steps.
+* `calibrate`: rank function. Times every term of the model under the conditions of the
+  step, every rank at once: the forward + backward of each compute `Shape` (the blocks
+  sharded for real on the layouts' TP groups, their all-reduces timed while the other ranks
+  compute, cut out of the compute), the gradient all-reduces on the DP group sizes (groups
+  side by side), one p2p hop, the optimizer step on each stage's parameters, and the
+  lateness of the slowest replica. `fit_calibration` turns several rounds of points into a
+  `Calibration` (α–β from `helpers.cost.alpha_beta.fit_alpha_beta`).
+* `measure`: parent side. Round-robin over the layouts: each round calibrates, then steps
+  every layout in turn, so every layout sees the same machine load.
 """
 from __future__ import annotations
 
 import statistics
 import time
+from collections import OrderedDict
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
-from torch import nn
 
 from helpers.cost.alpha_beta import Fit, coefficients, fit_alpha_beta
 from helpers.cost.parallel3d import (BYTES_PER_FLOAT, LAYOUTS_4, Breakdown, Calibration,
                                      Comparison, Layout, Shape, activation_bytes, check_layout,
-                                     measured_breakdown, predict, shape_flops, shapes_used,
-                                     stage_parameters)
-from helpers.models import TRANSFORMER, TransformerConfig, causal_attention
+                                     measured_breakdown, predict, stage_parameters,
+                                     stages_used, shapes_used)
+from helpers.models import TRANSFORMER, Block, Head, Transformer, TransformerConfig, lm_loss
+from helpers.parallel.dp import make_optimizer
 from helpers.parallel.groups import split_groups
-from helpers.parallel.parallel3d import run_3d
+from helpers.parallel.parallel3d import Rank3D, Stage, Trainer3D, check_3d, cpu_tensors
+from helpers.parallel.tp import counting
+from helpers.parallel.tp_transformer import shard_block, shard_dim
+
+# ----------------------------------------------------------------------------------------
+# Rank side: the layouts kept built between calls.
+# ----------------------------------------------------------------------------------------
+
+CACHED_LAYOUTS = 12  # built layouts a rank keeps (least recently used dropped beyond)
+# (Layout, config) → (Trainer3D, its first step as a Rank3D), on the world in _WORLD
+_TRAINERS: OrderedDict = OrderedDict()
+_WORLD: list = []
 
 
-class ShardShaped(nn.Module):
-    """The compute of one TP rank's piece at its shape, without its collectives: a block with
-    Q, K, V, `up` cut to h/t and 4h/t output columns, `out` and `down` to h/t and 4h/t input
-    columns, attention on heads/t heads and both LayerNorms whole; or the head (final LayerNorm,
-    LM head, cross-entropy), which TP replicates."""
-
-    def __init__(self, shape: Shape, config: TransformerConfig):
-        super().__init__()
-        h, t = config.hidden, shape.t
-        self.part, self.heads = shape.part, config.heads // t
-        self.norm1, self.norm2 = nn.LayerNorm(h), nn.LayerNorm(h)
-        if shape.part == "block":
-            self.q, self.k, self.v = (nn.Linear(h, h // t, bias=False) for _ in range(3))
-            self.out = nn.Linear(h // t, h, bias=False)
-            self.up, self.down = nn.Linear(h, 4 * h // t, bias=False), nn.Linear(4 * h // t, h, bias=False)
-        else:
-            self.lm = nn.Linear(h, config.vocab, bias=False)
-
-    def loss(self, x: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        if self.part == "head":
-            logits = self.lm(self.norm1(x))
-            return nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten())
-        a = self.norm1(x)
-        x = x + self.out(causal_attention(self.q(a), self.k(a), self.v(a), self.heads))
-        return (x + self.down(nn.functional.gelu(self.up(self.norm2(x))))).square().mean()
+def _trainer(rank: int, world_size: int, layout: Layout, config: TransformerConfig):
+    """This rank's built `layout` and the record of its first step, from the cache or built
+    now: the first step (from the fresh model: what `train_3d` with steps=1 returns) is the
+    untimed warm-up of the optimizer's state, DDP's buckets and the first-call kernels. A new
+    world process group (LiveRanks re-formed it) destroyed every sub-group: the cache starts
+    over."""
+    if not _WORLD or _WORLD[0] is not dist.group.WORLD:
+        _TRAINERS.clear()
+        _WORLD[:] = [dist.group.WORLD]
+    key = (layout, config)
+    if key in _TRAINERS:
+        _TRAINERS.move_to_end(key)
+        return _TRAINERS[key]
+    if len(_TRAINERS) >= CACHED_LAYOUTS:  # every rank drops the same one: groups stay paired
+        _TRAINERS.popitem(last=False)[1][0].close()
+    trainer = Trainer3D(rank, world_size, layout.d, layout.t, layout.p, layout.m, config)
+    loss, _, grads = trainer.step(keep_grads=True)
+    first = Rank3D(rank, trainer.me, [loss] if loss is not None else None, grads,
+                   cpu_tensors(trainer.stage.named_parameters()), trainer.shards)
+    _TRAINERS[key] = trainer, first
+    return trainer, first
 
 
-def _median_seconds(fn, repeat: int, warmup: int = 1) -> float:
+def first_step(rank: int, world_size: int, layout: Layout,
+               config: TransformerConfig = TRANSFORMER) -> Rank3D:
+    """Rank function: the first step of the cached `layout` (building it if needed), as
+    `train_3d(..., steps=1)` returns it: checkable against `reference_3d` with `assemble`."""
+    return _trainer(rank, world_size, layout, config)[1]
+
+
+def forget_layouts(rank: int, world_size: int) -> int:
+    """Rank function: destroy every cached layout's groups and empty the cache; returns how
+    many there were."""
+    count = len(_TRAINERS)
+    while _TRAINERS:
+        _TRAINERS.popitem()[1][0].close()
+    return count
+
+
+@dataclass(frozen=True)
+class RankSteps:
+    """What one rank of `step_layout` returns: each step's spans and loss (last stage)."""
+    timelines: tuple
+    losses: tuple
+
+
+def step_layout(rank: int, world_size: int, layout: Layout,
+                config: TransformerConfig = TRANSFORMER, steps: int = 3) -> RankSteps:
+    """Rank function: `steps` timed training steps of the cached `layout` (see `_trainer`)."""
+    trainer = _trainer(rank, world_size, layout, config)[0]
+    results = [trainer.step(timeline=True)[:2] for _ in range(steps)]
+    return RankSteps(tuple(tuple(spans) for _, spans in results),
+                     tuple(loss for loss, _ in results if loss is not None))
+
+
+# ----------------------------------------------------------------------------------------
+# Rank side: calibration.
+# ----------------------------------------------------------------------------------------
+
+WARMUP = 2  # untimed calls before each timed series (first-call allocations, kernels)
+
+
+def _timings(fn, repeat: int, warmup: int = WARMUP) -> list[float]:
+    """`repeat` timings of fn (after `warmup` calls), in call order."""
     for _ in range(warmup):
         fn()
     times = []
@@ -65,7 +119,7 @@ def _median_seconds(fn, repeat: int, warmup: int = 1) -> float:
         t0 = time.perf_counter()
         fn()
         times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    return times
 
 
 @dataclass(frozen=True)
@@ -79,42 +133,110 @@ class CommPoint:
 
 @dataclass(frozen=True)
 class CalibrationPoints:
-    """What `calibrate` measured: seconds per compute shape on every rank at once and on
-    one rank alone, and communication points."""
+    """What one `calibrate` call measured: seconds per compute shape on every rank at once
+    (mean over ranks) and on one rank alone; the TP all-reduces timed inside the sharded
+    blocks (`tp`, mean over ranks) and the quiet ones (`comm`: DP gradients, p2p); the
+    optimizer step per (t, p, stage); the slowest replica's lateness per group size d, as a
+    fraction of the compute."""
     world: int
     compute_s: dict
     alone_s: dict
+    tp: tuple
     comm: tuple
+    optimizer_s: dict
+    lateness: dict
+
+
+def _piece(shape: Shape, config: TransformerConfig, group):
+    """One rank's piece at `shape`, as the step runs it: a block of the model sharded over
+    `group` (t ranks; its TP all-reduces inside), or the head and the loss."""
+    return shard_block(Block(config), group) if shape.part == "block" else Head(config)
+
+
+def _gather(value: float) -> list[float]:
+    """Every rank's value, in rank order."""
+    out = torch.zeros(dist.get_world_size(), dtype=torch.float64)
+    out[dist.get_rank()] = value
+    dist.all_reduce(out)
+    return out.tolist()
+
+
+def _lateness(per_rank: list[list[float]], size: int) -> float:
+    """The mean wait for the slowest of each group of `size` consecutive ranks, as a fraction
+    of the group's mean: per repeat r, (max − mean)/mean of the ranks' times, averaged."""
+    world, repeats = len(per_rank), len(per_rank[0])
+    fractions = []
+    for r in range(repeats):
+        for start in range(0, world, size):
+            times = [per_rank[k][r] for k in range(start, start + size)]
+            mean = statistics.fmean(times)
+            fractions.append((max(times) - mean) / mean)
+    return statistics.fmean(fractions)
 
 
 def calibrate(rank: int, world_size: int, layouts=LAYOUTS_4,
-              config: TransformerConfig = TRANSFORMER, repeat: int = 3) -> CalibrationPoints:
+              config: TransformerConfig = TRANSFORMER, repeat: int = 5) -> CalibrationPoints:
     """Rank function: time, on every rank at once, each compute `Shape` the layouts use
-    (forward + backward), each all-reduce they call (the activation on TP groups, the
-    gradients on DP groups, groups side by side as in the layouts) and one p2p hop of each
-    activation size (ping-pong between ranks 2i and 2i+1, halved). Every value is the
-    slowest rank's median over `repeat` calls (compute: the mean over ranks)."""
+    (forward + backward: a block sharded over t ranks as in the step, with groups of t
+    consecutive ranks side by side, or the head and loss), the TP all-reduces inside those
+    blocks (while the other groups compute), the gradient all-reduce of every stage on its
+    DP group size (groups side by side), one p2p hop per activation size (ping-pong between
+    ranks 2i and 2i+1, halved) and the optimizer step on every stage's parameters. The t = 1
+    shapes are also timed on rank 0 alone (the others wait in a broadcast, using no core):
+    their ratio says how many cores the ranks share. Compute, TP and optimizer times are
+    means over the `repeat` calls and the ranks (what a step that chains many pieces adds
+    up: with more ranks than cores, a piece is sometimes cut by the scheduler and sometimes
+    not, and the median would drop the cuts); a quiet collective, the slowest rank's median."""
     generator = torch.Generator().manual_seed(rank)
-    compute, alone = {}, {}
+    compute, alone, tp, lateness = {}, {}, [], {}
+    groups = {}
+    per_rank = []  # every repeat of every shape, on this rank: the replicas' spread
     for shape in shapes_used(layouts, config):
-        piece = ShardShaped(shape, config)
+        t = shape.t
+        if t not in groups:
+            groups[t] = split_groups([list(range(i, i + t)) for i in range(0, world_size, t)])
+        piece = _piece(shape, config, groups[t])
         rows = shape.tokens // config.seq
         x = torch.randn(rows, config.seq, config.hidden, generator=generator, requires_grad=True)
         targets = torch.randint(config.vocab, (rows, config.seq), generator=generator)
-        step = lambda: piece.loss(x, targets).backward()  # noqa: E731
-        dist.barrier()
-        compute[shape] = _mean(_median_seconds(step, repeat))
-        dist.barrier()
-        seconds = torch.tensor([_median_seconds(step, repeat) if rank == 0 else 0.0],
-                               dtype=torch.float64)
-        dist.broadcast(seconds, src=0)  # the others wait here, using no core
-        alone[shape] = float(seconds)
+        if shape.part == "block":
+            step = lambda: piece(x).square().mean().backward()  # noqa: E731
+        else:
+            step = lambda: lm_loss(piece(x), targets).backward()  # noqa: E731
+        with counting() as log:
+            dist.barrier()
+            times = _timings(step, repeat)
+        calls = len(log) // (repeat + WARMUP)  # the warm-up calls logged theirs too
+        timed = log[WARMUP * calls:]
+        comm = [sum(r.seconds for r in timed[i * calls:(i + 1) * calls]) for i in range(repeat)]
+        work = [a - c for a, c in zip(times, comm)]
+        per_rank.append(work)
+        compute[shape] = statistics.fmean(_gather(statistics.fmean(work)))
+        if calls:
+            seconds = statistics.fmean(r.seconds for r in timed)
+            tp.append(CommPoint("all_reduce", t, timed[0].payload_bytes,
+                                statistics.fmean(_gather(seconds))))
+        if t == 1:
+            dist.barrier()
+            seconds = torch.tensor([statistics.fmean(_timings(step, repeat))
+                                    if rank == 0 else 0.0], dtype=torch.float64)
+            dist.broadcast(seconds, src=0)  # the others wait here, using no core
+            alone[shape] = float(seconds)
+    for group in groups.values():
+        dist.destroy_process_group(group)
+    # the replicas' spread: every rank's compute of all the shapes, repeat by repeat
+    totals = [sum(piece[r] for piece in per_rank) for r in range(repeat)]
+    everyone = [_gather(total) for total in totals]  # [repeat][rank]
+    by_rank = [[everyone[r][k] for r in range(repeat)] for k in range(world_size)]
+    for d in sorted({lay.d for lay in layouts if lay.d > 1}):
+        lateness[d] = _lateness(by_rank, d)
     comm = []
-    for ranks, nbytes in _collectives_used(layouts, config):
+    for ranks, nbytes in _all_reduces_used(layouts, config):
         group = split_groups([list(range(i, i + ranks)) for i in range(0, world_size, ranks)])
         buf = torch.zeros(nbytes // BYTES_PER_FLOAT)
         dist.barrier()
-        seconds = _median_seconds(lambda: dist.all_reduce(buf, group=group), repeat)
+        seconds = statistics.median(_timings(lambda: dist.all_reduce(buf, group=group),
+                                                    repeat))
         comm.append(CommPoint("all_reduce", ranks, nbytes, _slowest(seconds)))
         dist.destroy_process_group(group)
     peer = rank ^ 1
@@ -126,25 +248,39 @@ def calibrate(rank: int, world_size: int, layouts=LAYOUTS_4,
             first(buf, peer)
             second(buf, peer)
         dist.barrier()
-        comm.append(CommPoint("send_recv", 2, nbytes, _slowest(_median_seconds(ping_pong, repeat) / 2)))
-    return CalibrationPoints(world=world_size, compute_s=compute, alone_s=alone, comm=tuple(comm))
+        seconds = statistics.median(_timings(ping_pong, repeat)) / 2
+        comm.append(CommPoint("send_recv", 2, nbytes, _slowest(seconds)))
+    optimizer = {}
+    for key in stages_used(layouts, config):
+        opt = _optimizer_on(*key, config)
+        dist.barrier()
+        optimizer[key] = statistics.fmean(_gather(statistics.fmean(_timings(opt.step, repeat))))
+    return CalibrationPoints(world=world_size, compute_s=compute, alone_s=alone, tp=tuple(tp),
+                             comm=tuple(comm), optimizer_s=optimizer, lateness=lateness)
 
 
-def _collectives_used(layouts, config) -> list[tuple[int, int]]:
-    """(group size, bytes) of every distinct all-reduce the layouts call: the TP activations
-    and the DP gradients of each stage."""
+def _optimizer_on(t: int, p: int, stage: int, config: TransformerConfig):
+    """The step's optimizer (`dp.make_optimizer("adamw")`) over tensors of the shapes one TP
+    rank of stage `stage` of p holds (each sharded weight cut t ways), gradients set."""
+    with torch.device("meta"):
+        whole = Stage(Transformer(config), stage, p)
+    params = []
+    for name, q in whole.named_parameters():
+        shape = list(q.shape)
+        if (dim := shard_dim(name)) is not None:
+            shape[dim] //= t
+        params.append(torch.zeros(shape, requires_grad=True))
+        params[-1].grad = torch.full(shape, 1e-3)
+    return make_optimizer("adamw", params)
+
+
+def _all_reduces_used(layouts, config) -> list[tuple[int, int]]:
+    """(group size, bytes) of every distinct all-reduce the layouts call: each stage's
+    gradients on its DP group, and the (b, s, h) activation on the TP group (timed quiet
+    too: what the α–β model would say with nothing else running)."""
     used = {(lay.t, activation_bytes(lay, config)) for lay in layouts if lay.t > 1}
-    used |= {(lay.d, BYTES_PER_FLOAT * stage_parameters(lay, config, j))
-             for lay in layouts if lay.d > 1 for j in range(lay.p)}
-    return sorted(used)
-
-
-def _mean(seconds: float) -> float:
-    """The mean over ranks (what a rank's compute takes on average; the wait for the slowest
-    shows up in the collective that follows, as it does in a measured step)."""
-    value = torch.tensor([seconds], dtype=torch.float64)
-    dist.all_reduce(value)
-    return float(value) / dist.get_world_size()
+    return sorted(used | {(lay.d, BYTES_PER_FLOAT * stage_parameters(lay, config, j))
+                          for lay in layouts if lay.d > 1 for j in range(lay.p)})
 
 
 def _slowest(seconds: float) -> float:
@@ -154,25 +290,28 @@ def _slowest(seconds: float) -> float:
     return float(value)
 
 
-def fit_calibration(rounds: list[CalibrationPoints],
-                    config: TransformerConfig = TRANSFORMER) -> Calibration:
+def fit_calibration(rounds: list[CalibrationPoints]) -> Calibration:
     """One `Calibration` from several rounds of `calibrate`: the median over rounds of every
-    point, then FLOP/s per shape and, per group size, an α–β fit of all-reduce
-    (`fit_alpha_beta`, relative weighting) and one of the p2p hop."""
-    compute = {shape: statistics.median(r.compute_s[shape] for r in rounds)
-               for shape in rounds[0].compute_s}
-    alone = {shape: statistics.median(r.alone_s[shape] for r in rounds) for shape in compute}
-    world = rounds[0].world
-    comm = [CommPoint(c.op, c.ranks, c.nbytes, statistics.median(r.comm[i].seconds for r in rounds))
-            for i, c in enumerate(rounds[0].comm)]
-    rates = {shape: shape_flops(shape, config) / s for shape, s in alone.items()}
+    point, then per group size an α–β fit (`fit_alpha_beta`, relative weighting) of the TP
+    all-reduces timed in the blocks, one of the quiet (DP) all-reduces, one of the p2p hop."""
+    med = lambda values: statistics.median(values)  # noqa: E731
+    first = rounds[0]
+    compute = {s: med(r.compute_s[s] for r in rounds) for s in first.compute_s}
+    alone = {s: med(r.alone_s[s] for r in rounds) for s in first.alone_s}
+    points = lambda attr: [CommPoint(c.op, c.ranks, c.nbytes,  # noqa: E731
+                                     med(getattr(r, attr)[i].seconds for r in rounds))
+                           for i, c in enumerate(getattr(first, attr))]
+    tp, comm = points("tp"), points("comm")
     # the cores the ranks share: all of them at once take world/cores times as long as one alone
-    cores = world * sum(alone.values()) / sum(compute.values())
-    groups = sorted({c.ranks for c in comm if c.op == "all_reduce"})
-    all_reduce = {g: _fit("all_reduce", [c for c in comm if c.op == "all_reduce" and c.ranks == g])
-                  for g in groups}
-    return Calibration(flops_per_s=rates, cores=min(float(world), cores), all_reduce=all_reduce,
-                       send_recv=_fit("send_recv", [c for c in comm if c.op == "send_recv"]))
+    cores = first.world * sum(alone.values()) / sum(compute[s] for s in alone)
+    fits = lambda pts: {g: _fit("all_reduce", [c for c in pts if c.ranks == g])  # noqa: E731
+                        for g in sorted({c.ranks for c in pts})}
+    return Calibration(
+        world=first.world, compute_s=compute, cores=min(float(first.world), cores),
+        tp_all_reduce=fits(tp), all_reduce=fits([c for c in comm if c.op == "all_reduce"]),
+        send_recv=_fit("send_recv", [c for c in comm if c.op == "send_recv"]),
+        optimizer_s={k: med(r.optimizer_s[k] for r in rounds) for k in first.optimizer_s},
+        lateness={d: med(r.lateness[d] for r in rounds) for d in first.lateness})
 
 
 def _fit(op: str, points: list[CommPoint]) -> Fit:
@@ -189,24 +328,37 @@ def _fit(op: str, points: list[CommPoint]) -> Fit:
 
 @dataclass(frozen=True)
 class Run:
-    """One measured step of one layout: its time (the slowest rank's last span), the per-rank
-    spans, and the first loss (the last stage's)."""
+    """One call of `step_layout`: its median step (the slowest rank's last span end), that
+    step's breakdown and per-rank spans, every step's time, and the first loss."""
     layout: Layout
     step_s: float
     breakdown: Breakdown
     timelines: tuple
+    steps_s: tuple
     loss: float
 
 
+def first_steps(ranks, layout: Layout, config: TransformerConfig = TRANSFORMER) -> list:
+    """Every rank's `first_step` of `layout` (a list of `Rank3D`, for `assemble`); the layout
+    stays built on the ranks for `run_layout`."""
+    check_3d(layout.d, layout.t, layout.p, layout.m, config)
+    ranks.resize(layout.world)
+    return ranks.run(first_step, layout, config)
+
+
 def run_layout(ranks, layout: Layout, config: TransformerConfig = TRANSFORMER,
-               steps: int = 2) -> Run:
-    """`steps` steps of `train_3d` on the live ranks; the last one is timed and broken down."""
-    results = run_3d(ranks, layout.d, layout.t, layout.p, layout.m, config, steps=steps,
-                     timeline=True)
-    timelines = tuple(tuple(r.timeline) for r in results)
-    step = max(span.end_s for spans in timelines for span in spans)
+               steps: int = 3) -> Run:
+    """`steps` timed steps of `layout` on the live ranks (built on the first call, kept
+    between calls); the median step is broken down."""
+    check_3d(layout.d, layout.t, layout.p, layout.m, config)
+    ranks.resize(layout.world)
+    results = ranks.run(step_layout, layout, config, steps)
+    per_step = [tuple(r.timelines[i] for r in results) for i in range(steps)]
+    times = [max(span.end_s for spans in step for span in spans) for step in per_step]
+    median = sorted(range(steps), key=times.__getitem__)[(steps - 1) // 2]
     loss = next(r.losses[0] for r in results if r.losses)
-    return Run(layout, step, measured_breakdown(timelines, step), timelines, loss)
+    return Run(layout, times[median], measured_breakdown(per_step[median], times[median]),
+               per_step[median], tuple(times), loss)
 
 
 @dataclass(frozen=True)
@@ -226,10 +378,10 @@ class Measured:
 
 
 def measure(ranks, layouts=LAYOUTS_4, config: TransformerConfig = TRANSFORMER,
-            rounds: int = 3, steps: int = 2) -> Measured:
-    """Round-robin on the same live ranks: each round calibrates once, then runs every layout
-    once, so that each layout and the calibration see the machine in the same state; the
-    medians over rounds are robust to a busy moment in any one of them."""
+            rounds: int = 3, steps: int = 3) -> Measured:
+    """Round-robin on the same live ranks: each round calibrates once, then runs `steps`
+    steps of every layout, so that each layout and the calibration see the machine in the
+    same state; the medians over rounds are robust to a busy moment in any one of them."""
     layouts = tuple(check_layout(lay, config) for lay in layouts)
     world = {lay.world for lay in layouts}
     if len(world) != 1:
@@ -241,4 +393,4 @@ def measure(ranks, layouts=LAYOUTS_4, config: TransformerConfig = TRANSFORMER,
         points.append(ranks.run(calibrate, layouts, config)[0])
         for lay in layouts:
             runs[lay].append(run_layout(ranks, lay, config, steps))
-    return Measured(runs, fit_calibration(points, config))
+    return Measured(runs, fit_calibration(points))

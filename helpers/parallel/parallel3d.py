@@ -26,7 +26,8 @@ With `timeline=True` a rank also returns what it did when, as `Span`s on the mac
 recorded step): "compute" (forward and backward, with the TP collectives inside them cut out),
 "tp_comm" (each collective of `helpers.parallel.tp`, from its `counting()` log), "pp_comm"
 (waiting for a micro-batch's activations or gradient, and for the sends at the end) and
-"dp_comm" (waiting for DDP's all-reduces after the last backward).
+"dp_comm" (waiting for DDP's all-reduces after the last backward) and "optimizer" (its step,
+the last thing of a step).
 """
 from __future__ import annotations
 
@@ -51,7 +52,7 @@ from helpers.parallel.schedules import make_plan
 from helpers.parallel.tp import counting
 from helpers.parallel.tp_transformer import check_tensor_degree, shard_block, shard_dim
 
-SPAN_KINDS = ("compute", "tp_comm", "pp_comm", "dp_comm")
+SPAN_KINDS = ("compute", "tp_comm", "pp_comm", "dp_comm", "optimizer")
 
 
 # ----------------------------------------------------------------------------------------
@@ -241,8 +242,69 @@ def _pipeline_step(model: BucketedDDP, plan, stage: int, p: int, inputs, targets
     return loss if stage == last else None
 
 
-def _cpu(named) -> dict[str, torch.Tensor]:
+def cpu_tensors(named) -> dict[str, torch.Tensor]:
+    """Detached CPU copies of (name, tensor) pairs, by name."""
     return {name: tensor.detach().to("cpu", copy=True) for name, tensor in named}
+
+
+class Trainer3D:
+    """One rank's share of a layout, built once and stepped as often as asked: its mesh
+    coordinates and groups, its stage (blocks TP-sharded) inside `BucketedDDP` on the DP
+    group, the optimizer, its slice of the batch in micro-batches and its 1F1B plan.
+    `close()` destroys the groups."""
+
+    def __init__(self, rank: int, world_size: int, d: int, t: int, p: int, m: int,
+                 config: TransformerConfig = TRANSFORMER, lr: float | None = None,
+                 optimizer: str = "adamw", bucket_size_mb: float = 25.0):
+        self.mesh = check_3d(d, t, p, m, config)
+        self.mesh.check_world_size(world_size)
+        _check_training(1, optimizer, lr)
+        self.config, self.p, self.m = config, p, m
+        self.groups = build_groups(self.mesh)
+        self.me = self.mesh.coords(rank)
+        try:
+            self.stage = Stage(make_transformer(config), self.me.pp, p,
+                               functools.partial(shard_block, group=self.groups.tp))
+            self.shards = stage_shards(self.stage, t, self.me.tp)
+            self.model = BucketedDDP(self.stage, bucket_size_mb, group=self.groups.dp)
+            self.opt = make_optimizer(optimizer, self.model.parameters(), lr)
+        except BaseException:
+            self.close()
+            raise
+        tokens = make_tokens(config)
+        self.inputs = shard(tokens.inputs, self.me.dp, d).chunk(m)
+        self.targets = shard(tokens.targets, self.me.dp, d).chunk(m)
+        self.numel = config.tokens // d
+        self.plan = make_plan("1f1b", p, m, self.me.pp)
+        self.activation = (config.batch // (d * m), config.seq, config.hidden)
+
+    def step(self, timeline: bool = False, keep_grads: bool = False):
+        """One training step: forwards and backwards of every micro-batch, DDP's gradient
+        all-reduce, the optimizer step. Returns (loss, spans, grads): the whole batch's loss
+        on the last stage (None elsewhere), the step's `Span`s (timeline=True: from a world
+        barrier right before the step to the end of the optimizer step) and the gradients
+        before they are zeroed (keep_grads=True), else None."""
+        with counting() as log:
+            clock = _Clock(timeline, log)
+            if timeline:
+                dist.barrier()
+                clock.t0 = time.perf_counter()
+            mail = Mailbox(self.m, 1, self.activation, self.groups.pp)
+            loss = _pipeline_step(self.model, self.plan, self.me.pp, self.p, self.inputs,
+                                  self.targets, self.numel, mail, clock)
+            with clock.span("dp_comm", "finish_gradient_synchronization"):
+                self.model.finish_gradient_synchronization()
+            with clock.span("optimizer", "step"):
+                self.opt.step()
+        grads = cpu_tensors((n, q.grad) for n, q in self.stage.named_parameters()) if keep_grads else None
+        self.opt.zero_grad(set_to_none=True)
+        if loss is not None:  # the whole batch's: the mean of the replicas' means
+            loss = all_reduce_mean(torch.tensor(loss), self.groups.dp).item()
+        return loss, clock.spans if timeline else None, grads
+
+    def close(self) -> None:
+        for group in self.groups:
+            dist.destroy_process_group(group)
 
 
 def train_3d(rank: int, world_size: int, d: int, t: int, p: int, m: int,
@@ -251,48 +313,22 @@ def train_3d(rank: int, world_size: int, d: int, t: int, p: int, m: int,
              bucket_size_mb: float = 25.0) -> Rank3D:
     """Rank function: `steps` training steps of `make_transformer(config)` on
     `make_tokens(config)` with d-way data, t-way tensor and p-way pipeline parallelism
-    (1F1B over m micro-batches per DP replica). `optimizer`/`lr` as in `dp.make_optimizer`
-    (lr None: the course's default for that optimizer)."""
-    mesh = check_3d(d, t, p, m, config)
-    mesh.check_world_size(world_size)
+    (1F1B over m micro-batches per DP replica), on a freshly built `Trainer3D`.
+    `optimizer`/`lr` as in `dp.make_optimizer` (lr None: the course's default for that
+    optimizer)."""
     _check_training(steps, optimizer, lr)
-    groups = build_groups(mesh)
-    me = mesh.coords(rank)
+    trainer = Trainer3D(rank, world_size, d, t, p, m, config, lr, optimizer, bucket_size_mb)
     try:
-        stage = Stage(make_transformer(config), me.pp, p,
-                      functools.partial(shard_block, group=groups.tp))
-        shards = stage_shards(stage, t, me.tp)
-        model = BucketedDDP(stage, bucket_size_mb, group=groups.dp)
-        opt = make_optimizer(optimizer, model.parameters(), lr)
-        tokens = make_tokens(config)
-        inputs = shard(tokens.inputs, me.dp, d).chunk(m)
-        targets = shard(tokens.targets, me.dp, d).chunk(m)
-        numel = config.tokens // d
-        plan = make_plan("1f1b", p, m, me.pp)
-        b = config.batch // (d * m)
-        losses, spans = [], None
+        losses = []
         for step in range(steps):
-            recording = timeline and step == steps - 1
-            with counting() as log:
-                clock = _Clock(recording, log)
-                if recording:
-                    dist.barrier()
-                    clock.t0 = time.perf_counter()
-                mail = Mailbox(m, 1, (b, config.seq, config.hidden), groups.pp)
-                loss = _pipeline_step(model, plan, me.pp, p, inputs, targets, numel, mail, clock)
-                with clock.span("dp_comm", "finish_gradient_synchronization"):
-                    model.finish_gradient_synchronization()
-            grads = _cpu((n, q.grad) for n, q in stage.named_parameters())
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            if loss is not None:  # the whole batch's: the mean of the replicas' means
-                losses.append(all_reduce_mean(torch.tensor(loss), groups.dp).item())
-            spans = clock.spans if recording else spans
-        return Rank3D(rank, me, losses if me.pp == p - 1 else None, grads,
-                      _cpu(stage.named_parameters()), shards, spans)
+            last = step == steps - 1
+            loss, spans, grads = trainer.step(timeline=timeline and last, keep_grads=last)
+            if loss is not None:
+                losses.append(loss)
+        return Rank3D(rank, trainer.me, losses if trainer.me.pp == p - 1 else None, grads,
+                      cpu_tensors(trainer.stage.named_parameters()), trainer.shards, spans)
     finally:
-        for group in groups:
-            dist.destroy_process_group(group)
+        trainer.close()
 
 
 def run_3d(ranks, d: int, t: int, p: int, m: int, config: TransformerConfig = TRANSFORMER,
@@ -359,11 +395,11 @@ def reference_3d(config: TransformerConfig = TRANSFORMER, steps: int = 1,
     for _ in range(steps):
         loss = lm_loss(model(inputs), targets)
         loss.backward()
-        grads = _cpu((n, q.grad) for n, q in model.named_parameters())
+        grads = cpu_tensors((n, q.grad) for n, q in model.named_parameters())
         opt.step()
         opt.zero_grad(set_to_none=True)
         losses.append(loss.item())
-    return Whole(losses, grads, _cpu(model.named_parameters()))
+    return Whole(losses, grads, cpu_tensors(model.named_parameters()))
 
 
 # ----------------------------------------------------------------------------------------
@@ -457,12 +493,12 @@ def torch_3d(rank: int, world_size: int, d: int, t: int, p: int, m: int,
             else:
                 runner.step()
             loss = torch.stack(micro).mean() if micro else None
-        grads = _cpu((n, _whole(q.grad)) for n, q in stage.named_parameters())
+        grads = cpu_tensors((n, _whole(q.grad)) for n, q in stage.named_parameters())
         opt.step()
         opt.zero_grad(set_to_none=True)
         if loss is not None:
             losses.append(all_reduce_mean(_whole(loss.detach()).clone(), dp_group).item())
-    params = _cpu((n, _whole(q)) for n, q in stage.named_parameters())
+    params = cpu_tensors((n, _whole(q)) for n, q in stage.named_parameters())
     return Rank3D(rank, me, losses if me.pp == p - 1 else None, grads, params,
                   {name: Shard(None) for name in params})
 

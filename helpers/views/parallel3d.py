@@ -11,8 +11,8 @@ from helpers.parallel.layouts import run_layout
 from helpers.parallel.mesh import factorizations
 
 _COLOURS = {"compute": "tab:blue", "tp_comm": "tab:orange", "pp_comm": "tab:green",
-            "dp_comm": "tab:red"}
-_PART_COLOURS = ("tab:blue", "tab:orange", "tab:green", "tab:red")
+            "dp_comm": "tab:red", "optimizer": "tab:brown"}
+_PART_COLOURS = ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:brown")
 
 
 def _name(layout: Layout) -> str:
@@ -56,7 +56,8 @@ def plot_breakdown(comparisons: list[Comparison]):
 
 
 def plot_gantt(timelines, title: str = "one step, rank by rank"):
-    """Every rank's spans of one step: compute, TP, pipeline and DP communication."""
+    """Every rank's spans of one step: compute, TP, pipeline and DP communication, the
+    optimizer."""
     fig, ax = plt.subplots(figsize=(9, 0.5 * len(timelines) + 1.4), layout="constrained")
     for rank, spans in enumerate(timelines):
         for span in spans:
@@ -67,14 +68,15 @@ def plot_gantt(timelines, title: str = "one step, rank by rank"):
     ax.set_yticks(range(len(timelines)), [f"rank {r}" for r in range(len(timelines))])
     ax.invert_yaxis()
     ax.set(xlabel="ms since the step's start", title=title)
-    ax.legend(fontsize=8, ncol=4, loc="upper center", bbox_to_anchor=(0.5, -0.25), frameon=False)
+    ax.legend(fontsize=8, ncol=5, loc="upper center", bbox_to_anchor=(0.5, -0.25), frameon=False)
     return fig
 
 
-def widget_parallel3d(live, calibration, config, steps: int = 2):
+def widget_parallel3d(live, calibration, config, steps: int = 3):
     """Choose d, t, p (only factorizations of the live world size) and m (only those that
-    split the batch), run the layout on the live ranks, show its measured and predicted
-    breakdown and the Gantt chart of its ranks."""
+    split the batch), run `steps` steps of the layout on the live ranks (built once, kept on
+    them), show its median step's measured and predicted breakdown and the Gantt chart of
+    its ranks."""
     world = live.world_size
     meshes = [mesh for mesh in factorizations(world)
               if layout_problem(Layout(mesh.d, mesh.t, mesh.p), config) is None]
