@@ -234,6 +234,47 @@ def time_collective(rank: int, world_size: int, op: str, sizes, iters: int = 20,
     return records
 
 
+def _thread_clocks() -> dict[str, list[int]]:
+    """{thread name: [ns running, ns runnable but waiting for a core, times scheduled]},
+    summed over this process's threads of that name (Linux: /proc/self/task/*/schedstat)."""
+    import os
+    clocks: dict[str, list[int]] = {}
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                name = f.read().strip()
+            with open(f"/proc/self/task/{tid}/schedstat") as f:
+                values = [int(v) for v in f.read().split()]
+        except OSError:  # the thread ended meanwhile
+            continue
+        total = clocks.setdefault(name, [0, 0, 0])
+        for i, v in enumerate(values):
+            total[i] += v
+    return clocks
+
+
+def scheduler_waits(rank: int, world_size: int, nbytes: int = KiB, iters: int = 200,
+                    group=None) -> dict | None:
+    """Rank function: `iters` back-to-back all-reduces of n bytes, and what the kernel says
+    this rank's threads did meanwhile: ran, or waited for a core. None off Linux."""
+    import os
+    import torch.distributed as dist
+    if not os.path.exists("/proc/self/task"):
+        return None
+    from helpers.parallel.groups import rank_device
+    call = _collective_call("all_reduce", nbytes, group, rank_device())
+    _back_to_back(call, 20, False)
+    dist.barrier(group=group)
+    before, t0 = _thread_clocks(), time.perf_counter()
+    times = _back_to_back(call, iters, False)
+    elapsed, after = time.perf_counter() - t0, _thread_clocks()
+    threads = {name: {"run_s": (a[0] - before[name][0]) / 1e9,
+                      "wait_s": (a[1] - before[name][1]) / 1e9, "slices": a[2] - before[name][2]}
+               for name, a in after.items() if name in before}
+    return {"times_s": times, "elapsed_s": elapsed,
+            "threads": {k: v for k, v in threads.items() if v["slices"] > 0}}
+
+
 def uncontended_time(record: dict) -> float:
     """The time that stands for a point: the 10th percentile of its iterations.
 
