@@ -334,3 +334,14 @@ def test_the_widget_runs_a_sweep_per_click(ranks, capsys):
     sizes.value = (10, 11)
     button.click()
     assert "all_reduce: α = " in capsys.readouterr().out
+
+
+# -- notebook 02's checked exercises --------------------------------------------------------
+
+def test_bench_exercises_say_right_and_name_the_usual_mistakes():
+    from helpers import exercises as ex
+    assert ex.check_bench_busbw(297.5).right
+    assert "GiB" in str(ex.check_bench_busbw(277)) and "algbw" in str(ex.check_bench_busbw(198.3))
+    assert ex.check_bench_predict(103.1).right and not ex.check_bench_predict(67.5).right
+    assert ex.check_bench_crossover(1.6e6).right
+    assert "coefficients" in str(ex.check_bench_crossover(4e5))
