@@ -59,10 +59,14 @@ def plot_sweep(records: list[dict], fits: dict | None = None) -> Figure:
 
 def widget_sweep(ranks, max_world_size: int = MAX_WIDGET_WORLD_SIZE) -> W.Widget:
     """Operation, world size and size range -> re-run a small sweep and redraw."""
-    op = W.Dropdown(options=sorted(ab.OPS), value="all_reduce", description="operation")
-    p = W.IntSlider(value=2, min=2, max=max_world_size, description="world size p")
+    wide = {"description_width": "initial"}
+    op = W.Dropdown(options=sorted(ab.OPS), value="all_reduce", description="operation", style=wide)
+    p = W.IntSlider(value=2, min=2, max=max_world_size, description="world size p (ranks)",
+                    continuous_update=False, style=wide)
     sizes = W.IntRangeSlider(value=(10, 20), min=SIZE_EXPONENTS[0], max=SIZE_EXPONENTS[1],
-                             description="log2 n (bytes)")
+                             description="message sizes, log₂ bytes (10 = 1 KiB, 28 = 256 MiB)",
+                             continuous_update=False, style=wide,
+                             layout=W.Layout(width="36em"))
     button = W.Button(description="run sweep")
     out = W.Output()
 
