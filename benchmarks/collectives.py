@@ -17,6 +17,7 @@ import sys
 
 from helpers import bench
 from helpers.checks import check_int
+from helpers.timing import format_seconds
 from helpers.cost.alpha_beta import OPS
 from helpers.run import pin_transports_to_loopback_if_single_machine
 
@@ -32,10 +33,13 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help=f"operations, from {', '.join(sorted(OPS))} (default all_reduce)")
     parser.add_argument("--sizes", nargs="+", default=None, metavar="SIZE",
                         help="message sizes in bytes, e.g. 4096 4KiB 1MiB "
-                             "(default 1 KiB to 16 MiB by 4x; --full: 1 KiB to 256 MiB by 2x)")
+                             "(default 1 KiB to 64 MiB by 4x; --full: 1 KiB to 256 MiB by 2x)")
     parser.add_argument("--full", action="store_true", help="the full size range, 1 KiB to 256 MiB")
-    parser.add_argument("--iters", type=int, default=20, help="timed iterations per size (default 20)")
-    parser.add_argument("--warmup", type=int, default=3, help="untimed calls first (default 3)")
+    parser.add_argument("--iters", type=int, default=100,
+                        help="timed iterations per size up to 1 MiB, fewer above (default 100)")
+    parser.add_argument("--warmup", type=int, default=5, help="untimed calls per size first (default 5)")
+    parser.add_argument("--rounds", type=int, default=5,
+                        help="the sizes are visited in this many interleaved rounds (default 5)")
     parser.add_argument("--backend", default="auto", choices=("auto", "gloo", "nccl"))
     parser.add_argument("--save", action="store_true",
                         help="also write the fit to results/collective_fit.json for later notebooks")
@@ -58,7 +62,8 @@ def report(records: list[dict], world_size: int, cores_per_rank, backend: str, s
     rows = bench.result_rows(records, fits)
     labels = bench.op_labels(records)
     for record in records:
-        print(bench.measurement(record))
+        print(bench.measurement(record),
+              f"; 10th percentile {format_seconds(bench.uncontended_time(record))} (the fit's)")
     print(bench.format_table(rows, labels))
     for line in bench.fit_lines(fits, labels):
         print("fit", line)
@@ -85,7 +90,8 @@ def run_local(args) -> dict:
     print(bench.cores_line(backend, world_size))
     with LiveRanks(world_size, backend=backend) as ranks:
         records = bench.run_sweep(ranks, args.ops, sizes, (world_size,), iters=args.iters,
-                                  warmup=args.warmup, progress=sys.stderr.isatty())
+                                  warmup=args.warmup, rounds=args.rounds,
+                                  progress=sys.stderr.isatty())
     cores = None if backend == "nccl" else round(cpu_cores() / world_size, 3)
     return report(records, world_size, cores, backend, args.save)
 
@@ -104,6 +110,7 @@ def run_torchrun(args) -> dict | None:
     plan = bench.plan_sweep(args.ops, sizes, (world_size,))
     check_int("--iters", args.iters, 1)
     check_int("--warmup", args.warmup, 0)
+    check_int("--rounds", args.rounds, 1)
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     backend = args.backend if args.backend != "auto" else ("nccl" if gpus >= local_ranks else "gloo")
     if backend == "nccl":
@@ -115,11 +122,10 @@ def run_torchrun(args) -> dict | None:
             print(bench.cores_line(backend, local_ranks) + f" (x{world_size // local_ranks} nodes)"
                   if world_size != local_ranks else bench.cores_line(backend, world_size))
         records = []
-        bar = bench.progress_bar(len(plan), rank == 0 and sys.stderr.isatty())
-        for _, op, n in plan:
-            records.append(bench.time_collective(rank, world_size, op, n, args.iters, args.warmup))
-            bar.update()
-        bar.close()
+        for op in dict.fromkeys(op for _, op, _ in plan):
+            points = [n for _, o, n in plan if o == op]
+            records += bench.time_collective(rank, world_size, op, points, args.iters,
+                                             args.warmup, args.rounds)
         if rank != 0:
             return None
         cores = None if backend == "nccl" else round(cpu_cores() / local_ranks, 3)

@@ -318,3 +318,54 @@ def check_pp_interleaved_m(answer: int) -> Verdict:
                   {14: "3/31 ≤ 0.1 holds, but the interleaved schedule needs m to be a multiple "
                        "of p = 4.", 24: plain, 28: plain},
                   "solve (p−1)/(v·m+p−1) ≤ 0.1, then round up to a multiple of p.")
+
+
+# --- notebook 02: benchmarking collectives --------------------------------------------------
+
+def check_bench_busbw(answer: float) -> Verdict:
+    """Exercise: an all-reduce of 400 MiB (100·1024² fp32) on 4 ranks took 2.115 ms; its
+    nccl-tests bus bandwidth in GB/s (1 GB = 10⁹ B)."""
+    from helpers.cost.alpha_beta import GiB, algbw_GBps, busbw_GBps
+    from helpers.hierarchy import level
+    nvlink_GBps = level("H100 SXM", "NVLink").bandwidth_Bps / 1e9
+    n, p, t = 100 * 1024**2 * 4, 4, 2.115e-3
+    busbw, algbw = busbw_GBps("all_reduce", p, n, t), algbw_GBps(n, t)
+    return numeric_verdict(
+        answer, busbw,
+        f"algbw n/t = {algbw:.1f} GB/s, × 2(p−1)/p = 1.5 -> {busbw:.1f} GB/s, about "
+        f"{busbw / nvlink_GBps:.0%} of NVLink 4's {nvlink_GBps:.0f} GB/s per direction.",
+        ((algbw, "that is algbw (n / t); busbw multiplies it by the all-reduce factor 2(p−1)/p."),
+         (busbw * 1e9 / GiB, "that is GiB/s (the lecture's 277): divide by 10⁹, not 1024³.")),
+        f"{answer:g} is not it: n / t in GB/s, times the factor busbw_factor('all_reduce', 4).")
+
+
+def check_bench_predict(answer_ms: float) -> Verdict:
+    """Exercise: with α = 400 µs and 1/β = 1 GB/s, the predicted time (ms) of a ring
+    all-reduce of 64 MiB on p = 4 ranks."""
+    from helpers.cost.alpha_beta import coefficients, predict
+    n, alpha, beta = 64 * 2**20, 400e-6, 1e-9
+    a, b = coefficients("all_reduce", 4)
+    expected = predict("all_reduce", 4, n, alpha, beta) * 1e3
+    return numeric_verdict(
+        answer_ms, expected,
+        f"{a:g}·α + {b:g}·n·β = {a * alpha * 1e3:.1f} ms + {b * n * beta * 1e3:.1f} ms = "
+        f"{expected:.1f} ms: at 64 MiB the bytes are nearly all of it.",
+        (((alpha + n * beta) * 1e3, "that is α + n·β; a ring all-reduce pays 2(p−1) α and "
+          "2(p−1)/p · n·β."),
+         ((a * alpha + n * beta) * 1e3, "the byte term needs its factor 2(p−1)/p = 1.5 too.")),
+        f"{answer_ms:g} ms is not it: use coefficients('all_reduce', 4) and t = a·α + b·n·β.")
+
+
+def check_bench_crossover(answer_bytes: float) -> Verdict:
+    """Exercise: with α = 400 µs and 1/β = 1 GB/s, the all-reduce size n (bytes) on p = 4
+    at which the latency term equals the bandwidth term."""
+    from helpers.cost.alpha_beta import coefficients
+    alpha, beta = 400e-6, 1e-9
+    a, b = coefficients("all_reduce", 4)
+    expected = a * alpha / (b * beta)
+    return numeric_verdict(
+        answer_bytes, expected,
+        f"a·α = b·n·β gives n = a·α / (b·β) = {a:g}·400 µs / ({b:g} ns/B) = {expected:.3g} B "
+        "(≈ 1.5 MiB): below it latency dominates, above it bandwidth.",
+        ((alpha / beta, "α/β ignores the coefficients: the ring pays 6 α but only 1.5 n·β at p = 4."),),
+        f"{answer_bytes:g} B is not it: solve a(p)·α = b(p)·n·β for n.")

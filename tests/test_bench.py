@@ -18,7 +18,7 @@ PAIRS = [[0, 1], [2, 3]]
 def time_in_pairs(rank, world_size, ops, nbytes):
     """Rank function: time every op inside this rank's pair of PAIRS, both pairs at once."""
     group = split_groups(PAIRS)
-    return [bench.time_collective(rank, world_size, op, nbytes, iters=2, warmup=1, group=group)
+    return [bench.time_collective(rank, world_size, op, nbytes, iters=2, warmup=1, group=group)[0]
             for op in ops]
 
 
@@ -135,6 +135,39 @@ def test_lecture_formulas_beside_nccl_tests_on_one_measurement():
     assert rs["busbw_over_lecture"] == pytest.approx(4 * 2**30 / 1e9)
 
 
+# -- the estimator and the iteration counts ------------------------------------------------
+
+def test_uncontended_time_is_the_fast_mode_of_a_bimodal_record():
+    # 55 calls that waited a 4 ms tick, 45 that did not: the median is a tick, the 10th
+    # percentile is the collective's own 300 µs, and it stays there as the share of waits moves.
+    for waited in (0, 30, 55, 85):
+        times = [300e-6 + 1e-6 * i for i in range(100 - waited)] + [4.3e-3] * waited
+        record = {"times_s": times}
+        assert bench.uncontended_time(record) == pytest.approx(300e-6, rel=0.05)
+    assert bench.median_time(record) == pytest.approx(4.3e-3)
+
+
+def test_iteration_counts_shrink_with_size_and_split_over_rounds():
+    assert bench.iterations_for(1024, 100) == 100
+    assert bench.iterations_for(2**20, 100) == 100
+    assert bench.iterations_for(4 * 2**20, 100) == 25
+    assert bench.iterations_for(64 * 2**20, 100) == 5          # never fewer than 5 ...
+    assert bench.iterations_for(64 * 2**20, 3) == 3            # ... unless fewer were asked
+    assert bench.per_round(1024, 100, 5) == 20
+    assert bench.per_round(64 * 2**20, 100, 5) == 1
+    assert bench.per_round(4 * 2**20, 100, 3) == 9             # rounded up: 27 calls
+
+
+def test_scheduler_waits_reports_threads(ranks):
+    ranks.resize(2)
+    result = ranks.run(bench.scheduler_waits, 1024, 20)[0]
+    if result is None:
+        pytest.skip("no /proc/self/task here")
+    assert len(result["times_s"]) == 20 and result["elapsed_s"] > 0
+    assert any("gloo" in name for name in result["threads"])
+    assert all(v["run_s"] >= 0 and v["wait_s"] >= 0 for v in result["threads"].values())
+
+
 # -- gloo's reduce-scatter, detected from measurements ---------------------------------
 
 def _records(rs_over_ar):
@@ -168,6 +201,7 @@ def test_reduce_scatter_emulation_is_detected_from_the_ratio():
     ({"ops": ("all_reduce",), "world_sizes": (1,)}, "at least 2 ranks"),
     ({"iters": 0}, "iters"),
     ({"warmup": -1}, "warmup"),
+    ({"rounds": 0}, "rounds"),
 ])
 def test_bad_sweep_input_raises_before_starting_ranks(kwargs, match):
     idle = LiveRanks(2)
@@ -199,9 +233,15 @@ def test_every_op_runs_and_all_ranks_agree_on_the_times(ranks):
     ranks.resize(2)
     per_rank = ranks.run(bench.time_collective, "all_reduce", 4096, iters=4, warmup=1)
     assert per_rank[0] == per_rank[1]          # the slowest rank's time, known everywhere
-    assert len(per_rank[0]["times_s"]) == 4 and min(per_rank[0]["times_s"]) > 0
+    (record,) = per_rank[0]
+    assert len(record["times_s"]) == 4 and min(record["times_s"]) > 0
+    # Several sizes in interleaved rounds: each size gets its share of calls in every round.
+    sizes = (1024, 2 * 2**20)
+    per_rank = ranks.run(bench.time_collective, "all_reduce", sizes, iters=6, warmup=1, rounds=3)
+    assert per_rank[0] == per_rank[1]
+    assert [(r["bytes"], len(r["times_s"])) for r in per_rank[0]] == [(1024, 6), (2 * 2**20, 6)]
     records = bench.run_sweep(ranks, sorted(ab.OPS), (1024, 65536), (2,), iters=2, warmup=1,
-                              progress=False)
+                              rounds=2, progress=False)
     assert [(r["op"], r["bytes"]) for r in records] == \
         [(op, n) for op in sorted(ab.OPS) for n in (1024, 65536)]
     rows = bench.result_rows(records, bench.fit_sweep(records))
@@ -244,7 +284,8 @@ def test_gloo_facts_on_this_torch(ranks):
 
 def test_benchmark_prints_its_json_last(capsys):
     from benchmarks import collectives
-    collectives.main(["--sizes", "4KiB", "64KiB", "1MiB", "--iters", "3", "--warmup", "1"])
+    collectives.main(["--sizes", "4KiB", "64KiB", "1MiB", "--iters", "3", "--warmup", "1",
+                      "--rounds", "1"])
     last = capsys.readouterr().out.strip().splitlines()[-1]
     result = json.loads(last)
     assert result["world_size"] == 2 and set(result["fit"]) == {"all_reduce"}
@@ -293,3 +334,14 @@ def test_the_widget_runs_a_sweep_per_click(ranks, capsys):
     sizes.value = (10, 11)
     button.click()
     assert "all_reduce: α = " in capsys.readouterr().out
+
+
+# -- notebook 02's checked exercises --------------------------------------------------------
+
+def test_bench_exercises_say_right_and_name_the_usual_mistakes():
+    from helpers import exercises as ex
+    assert ex.check_bench_busbw(297.5).right
+    assert "GiB" in str(ex.check_bench_busbw(277)) and "algbw" in str(ex.check_bench_busbw(198.3))
+    assert ex.check_bench_predict(103.1).right and not ex.check_bench_predict(67.5).right
+    assert ex.check_bench_crossover(1.6e6).right
+    assert "coefficients" in str(ex.check_bench_crossover(4e5))

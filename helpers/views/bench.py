@@ -7,8 +7,8 @@ import numpy as np
 from IPython.display import display
 from matplotlib.figure import Figure
 
-from helpers.bench import (SIZE_EXPONENTS, cores_line, fit_for, fit_lines, measurement,
-                           median_time, op_labels, run_small_sweep)
+from helpers.bench import (SIZE_EXPONENTS, cores_line, fit_for, fit_lines, median_time,
+                           op_labels, run_small_sweep, uncontended_time)
 from helpers.cost import alpha_beta as ab
 
 # The world-size slider stops here by default: each extra CPU rank is a process that imports
@@ -17,7 +17,8 @@ MAX_WIDGET_WORLD_SIZE = 4
 
 
 def plot_sweep(records: list[dict], fits: dict | None = None) -> Figure:
-    """Left: time vs message size, measured points (median, IQR bars) and fitted α–β lines.
+    """Left: time vs message size, measured points (10th percentile, the bar up to the median:
+    the calls that waited for a core) and fitted α–β lines.
     Right: nccl-tests bus bandwidth vs size. `fits` is {op: Fit} or {p: {op: Fit}}."""
     fig = Figure(figsize=(11, 4))
     ax_t, ax_bw = fig.subplots(1, 2)
@@ -33,22 +34,23 @@ def plot_sweep(records: list[dict], fits: dict | None = None) -> Figure:
     for (op, p), rs in sorted(groups.items()):
         rs = sorted(rs, key=lambda r: r["bytes"])
         n = np.array([r["bytes"] for r in rs], dtype=float)
+        low = np.array([uncontended_time(r) for r in rs])
         med = np.array([median_time(r) for r in rs])
-        q = np.array([measurement(r).quartiles for r in rs])
         color, name = colors[op], f"{labels[op]}, p={p}"
-        ax_t.errorbar(n, med, yerr=[med - q[:, 0], q[:, 1] - med], fmt=markers[p], ms=4,
-                      color=color, label=name)
+        ax_t.errorbar(n, low, yerr=[np.zeros_like(low), np.maximum(med - low, 0)], fmt=markers[p],
+                      ms=4, color=color, label=name, capsize=2)
         if fits and (op in fits or op in fits.get(p, {})):
             grid = np.geomspace(n.min(), n.max(), 50)
             fit = fit_for(fits, op, p)
             ax_t.plot(grid, [fit.predict(p, x) for x in grid], styles[p], color=color, lw=1)
-        ax_bw.plot(n, [ab.busbw_GBps(op, p, x, t) for x, t in zip(n, med)], styles[p],
+        ax_bw.plot(n, [ab.busbw_GBps(op, p, x, t) for x, t in zip(n, low)], styles[p],
                    marker=markers[p], ms=4, color=color, label=name)
     ax_t.set(xscale="log", yscale="log", xlabel="message size n (bytes)",
-             ylabel="time per call (s), median and IQR",
+             ylabel="time per call (s): 10th percentile, bar to median",
              title="measured (points) and fitted α–β model (lines)")
     ax_bw.set(xscale="log", xlabel="message size n (bytes)",
-              ylabel="bus bandwidth (GB/s, 1 GB = 10⁹ B)", title="nccl-tests busbw")
+              ylabel="bus bandwidth (GB/s, 1 GB = 10⁹ B)",
+              title="nccl-tests busbw (of the 10th percentile)")
     ax_t.legend(fontsize=7)
     ax_bw.legend(fontsize=7)
     fig.tight_layout()
@@ -57,10 +59,14 @@ def plot_sweep(records: list[dict], fits: dict | None = None) -> Figure:
 
 def widget_sweep(ranks, max_world_size: int = MAX_WIDGET_WORLD_SIZE) -> W.Widget:
     """Operation, world size and size range -> re-run a small sweep and redraw."""
-    op = W.Dropdown(options=sorted(ab.OPS), value="all_reduce", description="operation")
-    p = W.IntSlider(value=2, min=2, max=max_world_size, description="world size p")
+    wide = {"description_width": "initial"}
+    op = W.Dropdown(options=sorted(ab.OPS), value="all_reduce", description="operation", style=wide)
+    p = W.IntSlider(value=2, min=2, max=max_world_size, description="world size p (ranks)",
+                    continuous_update=False, style=wide)
     sizes = W.IntRangeSlider(value=(10, 20), min=SIZE_EXPONENTS[0], max=SIZE_EXPONENTS[1],
-                             description="log2 n (bytes)")
+                             description="message sizes, log₂ bytes (10 = 1 KiB, 28 = 256 MiB)",
+                             continuous_update=False, style=wide,
+                             layout=W.Layout(width="36em"))
     button = W.Button(description="run sweep")
     out = W.Output()
 
