@@ -31,7 +31,7 @@ import numpy as np
 from helpers.checks import check_choice, check_divisible, check_int
 from helpers.cost import alpha_beta as ab
 from helpers.cost.alpha_beta import GB, GiB, OPS
-from helpers.timing import Measurement, format_seconds
+from helpers.timing import Measurement, format_seconds, times_of
 
 KiB, MiB = 1024, 1024**2
 ELEMENT_BYTES = 4                      # every buffer is fp32
@@ -192,12 +192,7 @@ def _back_to_back(call, count: int, cuda: bool) -> list[float]:
             end.record()
         torch.cuda.synchronize()
         return [start.elapsed_time(end) / 1e3 for start, end in events]
-    times = []
-    for _ in range(count):
-        t0 = time.perf_counter()
-        call()
-        times.append(time.perf_counter() - t0)
-    return times
+    return times_of(call, count)
 
 
 def time_collective(rank: int, world_size: int, op: str, sizes, iters: int = 20,

@@ -64,3 +64,13 @@ def measure(fn: Callable[[], object], what: str, repeat: int = 5, warmup: int = 
             sync()
         times.append(time.perf_counter() - start)
     return Measurement(what, tuple(times))
+
+
+def times_of(fn: Callable[[], object], count: int) -> list[float]:
+    """`count` calls of fn in a row, each timed alone with the wall clock (seconds)."""
+    times = []
+    for _ in range(count):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return times

@@ -6,7 +6,6 @@ import contextlib
 import functools
 import io
 import json
-import math
 import os
 import subprocess
 import sys

@@ -26,7 +26,7 @@ import statistics
 from dataclasses import dataclass
 from typing import Iterable, Mapping
 
-from helpers.checks import check_int, check_number
+from helpers.checks import check_int
 from helpers.cost.alpha_beta import Fit, relative_error
 from helpers.cost.bubble import bubble_theory
 from helpers.parallel.schedules import simulate

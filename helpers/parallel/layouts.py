@@ -19,7 +19,6 @@ model (`helpers.cost.parallel3d`) needs.
 from __future__ import annotations
 
 import statistics
-import time
 from collections import OrderedDict
 from dataclasses import dataclass
 
@@ -37,6 +36,7 @@ from helpers.parallel.groups import split_groups
 from helpers.parallel.parallel3d import Rank3D, Stage, Trainer3D, check_3d, cpu_tensors
 from helpers.parallel.tp import counting
 from helpers.parallel.tp_transformer import shard_block, shard_dim
+from helpers.timing import times_of
 
 # ----------------------------------------------------------------------------------------
 # Rank side: the layouts kept built between calls.
@@ -114,12 +114,7 @@ def _timings(fn, repeat: int, warmup: int = WARMUP) -> list[float]:
     """`repeat` timings of fn (after `warmup` calls), in call order."""
     for _ in range(warmup):
         fn()
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return times
+    return times_of(fn, repeat)
 
 
 @dataclass(frozen=True)

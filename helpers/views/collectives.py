@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import atexit
 import io
-import math
 import queue
 import threading
 from dataclasses import dataclass

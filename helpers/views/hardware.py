@@ -3,7 +3,6 @@ lecture's picture of GPU nodes, and rooflines with their widget."""
 from __future__ import annotations
 
 import io
-import math
 
 import ipywidgets as W
 import numpy as np
