@@ -3,7 +3,7 @@
     python -m helpers.simulator --preset "H100 SXM" --json out.json
     python -m helpers.simulator --config my_gpu.json --sparse --months 6 --json out.json
 
-Settings come from the spec's defaults, then the config file's "settings" section, then
+Settings come from the model's defaults, then the config file's "settings" section, then
 the flags given here. Everything is checked before anything is computed: a record, a setting
 or an output path that cannot work stops with one line naming the field (exit status 2),
 never a traceback, never a partial file (the curve is written to a temporary file next to
@@ -48,9 +48,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     src.add_argument("--preset", metavar="NAME",
                      help="one of: " + ", ".join(f'"{n}"' for n in PRESETS))
     src.add_argument("--config", metavar="FILE.json",
-                     help="a hardware record as JSON (spec §1), optionally with \"settings\"")
+                     help="a hardware record as JSON (docs/cost_model.md §1), optionally with \"settings\"")
     p.add_argument("--sparse", action="store_true", default=None,
-                   help="mixture-of-experts models (the spec's sparsity law)")
+                   help="mixture-of-experts models (the model's sparsity law)")
     p.add_argument("--batch-law", choices=BATCH_LAWS, default=None)
     p.add_argument("--months", type=float, default=None, help="run duration (default 3)")
     p.add_argument("--threshold", type=float, default=None,

@@ -1,4 +1,4 @@
-"""Communication on a hierarchical network (spec §4), one function per parallelism type.
+"""Communication on a hierarchical network (docs/cost_model.md §4), one function per parallelism type.
 
 Each degree is a tuple over network levels, innermost first (`X = Π_k X_k`). Bandwidth times
 divide by the whole cluster's bandwidth `N · bw_k / 2` (bandwidth counts both directions).

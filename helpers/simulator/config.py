@@ -1,6 +1,6 @@
-"""Hardware records as JSON (spec §1) and the checks that run before anything is computed.
+"""Hardware records as JSON (docs/cost_model.md §1) and the checks that run before anything is computed.
 
-A `--config` file is the hardware record with the spec's field names, plus an optional
+A `--config` file is the hardware record with the model's field names, plus an optional
 `"settings"` object (see `Settings`). Every check raises one ValueError naming the field and
 the range it must be in, so a typo in a custom GPU never turns into a silent nonsense curve.
 """
@@ -17,7 +17,7 @@ from .settings import Settings, validate_settings
 
 # Price per GPU in USD where a source gives one; other GPUs take the reader's price.
 PRICES_USD: dict[str, float] = {
-    "GTX 580": 300.0,  # cost_model.md §1 ("Price ≈ $300 per GPU")
+    "GTX 580": 300.0,  # docs/cost_model.md §1 ("Price ≈ $300 per GPU")
 }
 
 _NUMBER_FIELDS = ("register_bytes_per_processing_block", "l2_Bps", "l2_bytes", "hbm_Bps",
@@ -130,7 +130,7 @@ def preset(name: str) -> GPU:
 
 
 def gpu_to_json(gpu: GPU) -> dict:
-    """The spec §1 JSON object of a hardware record (bitwidth keys as strings)."""
+    """The docs/cost_model.md §1 JSON object of a hardware record (bitwidth keys as strings)."""
     out = {f.name: getattr(gpu, f.name) for f in fields(GPU) if f.name != "network_levels"}
     out["flop_per_clock_per_thread"] = {str(k): v for k, v in gpu.flop_per_clock_per_thread.items()}
     out["network_levels"] = [

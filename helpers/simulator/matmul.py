@@ -1,4 +1,4 @@
-"""Time of one matmul on one GPU (spec §2): IO at three memory boundaries against FLOP/s.
+"""Time of one matmul on one GPU (docs/cost_model.md §2): IO at three memory boundaries against FLOP/s.
 
 The kernel tiles the *weight* matrix so each tile fits the memory below a boundary; the
 activations stream past each tile once per tile row/column, which is where the IO comes from.

@@ -1,4 +1,4 @@
-"""Splitting five parallel degrees over the network levels, as numpy tables (spec §6).
+"""Splitting five parallel degrees over the network levels, as numpy tables (docs/cost_model.md §6).
 
 The reference enumerates placements one tuple at a time; a three-level network gives
 thousands per layout, so here they are built level by level with array operations, in the

@@ -1,6 +1,6 @@
-"""A parallel layout of one training step and what it costs (the result of spec §5–§6).
+"""A parallel layout of one training step and what it costs (the result of docs/cost_model.md §5–§6).
 
-Degrees are named as in the spec: DP, TP = TP_model · TP_ff, PP (with interleaving `v`),
+Degrees are named as in docs/cost_model.md: DP, TP = TP_model · TP_ff, PP (with interleaving `v`),
 EP, `m` microbatches. `placement[k]` holds each type's degree on network level `k`.
 """
 from __future__ import annotations

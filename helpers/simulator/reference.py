@@ -1,6 +1,6 @@
-"""The spec's model transcribed directly (§4–§6): slow, plain, and the yardstick for `search`.
+"""The model transcribed directly (§4–§6): slow, plain, and the yardstick for `search`.
 
-Nothing here is vectorised or pruned beyond what the spec says (only `matmul.tile`, a pure
+Nothing here is vectorised or pruned beyond what the model says (only `matmul.tile`, a pure
 function of the weight shape, is cached); `tests/test_simulator.py` checks that the fast
 search returns exactly these plans. Read this file to see the model; read `search.py` to see it fast.
 """
@@ -65,7 +65,7 @@ def step_time(gpu: GPU, model: Model, settings: Settings, levels, place, m, v, z
 
 def combine(matmul, tp_bw, tp_lat, ppep_bw, ppep_lat, dp_bw, dp_lat, PP, m, v, zb,
             settings: Settings) -> StepTime:
-    """Overlap, bubble and latency rules that turn the parts into one step (spec §5)."""
+    """Overlap, bubble and latency rules that turn the parts into one step (docs/cost_model.md §5)."""
     step, bubble = step_seconds(matmul, tp_bw, tp_lat, ppep_bw, ppep_lat, dp_bw, dp_lat,
                                 PP, m, v, zb, settings.overlap_tp, settings.overlap_pp,
                                 settings.overlap_dp)
@@ -150,7 +150,7 @@ def placements(levels, N: int, degrees):
 
 
 def schedule_options(settings: Settings, PP: int, L: int):
-    """(zero_bubble, v) pairs the settings allow, in the spec's order: non-ZB first."""
+    """(zero_bubble, v) pairs the settings allow, in the model's order: non-ZB first."""
     out = []
     if "interleaved" in settings.schedules:
         out.append((False, L // PP if PP > 1 else 1))
@@ -162,7 +162,7 @@ def schedule_options(settings: Settings, PP: int, L: int):
 
 
 def best_plan(gpu: GPU, model: Model, settings: Settings, N: int) -> Plan | None:
-    """The fastest layout of `model` on `N` GPUs (spec §6), or None if none fits."""
+    """The fastest layout of `model` on `N` GPUs (docs/cost_model.md §6), or None if none fits."""
     d, f, L, s, B = model.d, model.f, model.L, model.s, model.B
     levels = gpu.network_levels
     optimistic = (NetworkLevel(sum(lv.bandwidth_Bps for lv in levels),
@@ -199,7 +199,7 @@ def best_plan(gpu: GPU, model: Model, settings: Settings, N: int) -> Plan | None
 
 
 def size_cluster(gpu: GPU, model: Model, settings: Settings) -> Plan | None:
-    """Smallest `N = s·2^i` that finishes within the duration (spec §6); None = latency wall."""
+    """Smallest `N = s·2^i` that finishes within the duration (docs/cost_model.md §6); None = latency wall."""
     T = settings.duration_s
     need = model.C / (T * gpu.sustained_flops)
     for i in range(60):

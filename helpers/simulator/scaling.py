@@ -1,6 +1,6 @@
-"""Scaling laws (spec §3): from a model width `d` to the whole training run.
+"""Scaling laws (docs/cost_model.md §3): from a model width `d` to the whole training run.
 
-Everything is snapped to "round" numbers `k·2^i` (k ∈ {1,3,5,7,9}) as the spec's model does,
+Everything is snapped to "round" numbers `k·2^i` (k ∈ {1,3,5,7,9}) as the model's model does,
 which is why the curves built from these laws are step-shaped rather than smooth.
 """
 from __future__ import annotations

@@ -1,10 +1,10 @@
-"""The search of spec §6, fast: same candidates, same arithmetic, far fewer evaluations.
+"""The search of docs/cost_model.md §6, fast: same candidates, same arithmetic, far fewer evaluations.
 
 Every result is bit-identical to `reference.best_plan` (tests/test_simulator.py checks the
 whole default H100 curve and samples of the others). What makes it fast:
 
 * vectors — all layouts of a cluster (TP, DP, PP, TP shape, schedule, m) are enumerated at
-  once with numpy in the spec's order and bounded from below in one pass; all placements
+  once with numpy in the model's order and bounded from below in one pass; all placements
   of one layout are timed at once, with the same IEEE operations in the same order as the
   scalar `reference.step_seconds`;
 * bounds, each provably below the exact step: per (TP, DP, PP) triple against the run's
@@ -19,7 +19,7 @@ whole default H100 curve and samples of the others). What makes it fast:
   placement tables and the exact communication of each split are cached too.
 
 Ties are settled as in the reference (`reference.tie_key`, the public reference code's
-rule): among equal (run time, bandwidth time) keys the earliest row in the spec's
+rule): among equal (run time, bandwidth time) keys the earliest row in the model's
 enumeration order wins, and within it the earliest placement, so the order of evaluation
 does not change the answer. A row whose bandwidth floor already exceeds the best's cannot
 win a tie and is skipped.
@@ -208,7 +208,7 @@ def clear_caches() -> None:
 
 @lru_cache(maxsize=None)
 def _tp_shapes(TP: int, d: int, f: int) -> tuple[tuple[int, int], ...]:
-    """(TP_model, TP_ff) splits of TP allowed by the spec, TP_ff ascending."""
+    """(TP_model, TP_ff) splits of TP allowed by the model, TP_ff ascending."""
     r = math.isqrt(TP)
     return tuple((TP // x, x) for x in divisors(TP)
                  if r <= x <= 4 * r and d % (TP // x) == 0 and f % x == 0)
@@ -227,7 +227,7 @@ def _segments(counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 class _Pairs:
-    """The (TP, DP, PP) triples of N GPUs that fit in memory, in the spec's order (TP
+    """The (TP, DP, PP) triples of N GPUs that fit in memory, in the model's order (TP
     ascending, then DP ascending), with what the pre-filter of `best_plan` needs."""
 
     def __init__(self, N, d, f, L, s, B, P, hbm_bytes, by):
@@ -257,8 +257,8 @@ def _pairs(*key) -> _Pairs:
 
 
 class _Layouts:
-    """The spec's layouts for N GPUs, one row per (degrees, v, zero-bubble, m), in the
-    spec's enumeration order: TP, then DP ascending; TP_ff ascending; schedule; m.
+    """The model's layouts for N GPUs, one row per (degrees, v, zero-bubble, m), in the
+    model's enumeration order: TP, then DP ascending; TP_ff ascending; schedule; m.
 
     Only the triples of `pairs` selected by `keep` are expanded (the order is kept). Every
     column is an array. A group is one (degrees, v, zero-bubble): the rows that share a

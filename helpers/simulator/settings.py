@@ -1,6 +1,6 @@
 """What a configuration assumes besides the GPU: scaling laws, schedules, overlap, duration.
 
-Defaults are the spec's (cost_model.md §3, §5–§7). `validate_settings` rejects anything the
+Defaults are the model's (docs/cost_model.md §3, §5–§7). `validate_settings` rejects anything the
 model cannot run with one ValueError naming the field and its allowed range.
 """
 from __future__ import annotations
