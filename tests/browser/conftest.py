@@ -59,8 +59,11 @@ def browser(lab):
         chromium = p.chromium.launch(executable_path=str(CHROMIUM), headless=True)
         context = chromium.new_context(viewport={"width": 1400, "height": 1000})
         yield context
-        context.close()
-        chromium.close()
+        for close in (context.close, chromium.close):
+            try:
+                close()
+            except Exception:  # already gone (interrupted run)
+                pass
 
 
 @pytest.fixture(scope="session")

@@ -435,7 +435,7 @@ class Notebook:
         raise AssertionError(f"slider did not reach {target!r} (at {readout()!r})")
 
     def settle(self, area, before: dict, expect_change: bool = True, timeout: float = 60,
-               quiet: float = 1.0) -> dict:
+               quiet: float = 0.6) -> dict:
         """Wait until the output has changed from `before` (when a change is expected) and then
         stayed the same for `quiet` seconds with the kernel idle. Returns the final state."""
         t0 = time.monotonic()

@@ -207,8 +207,10 @@ def test_widget(notebook, index):
             nb.act(ctl, step.kind, opposite)
             nb.settle(area, nb.state(area), expect_change=True, timeout=step.timeout)
     before = nb.state(area)
+    t0 = time.monotonic()
     value = nb.act(ctl, step.kind, step.to)
     after = nb.settle(area, before, expect_change=step.change, timeout=step.timeout)
+    print(f"{nb.stem} {step.id} → {value!r}: settled in {time.monotonic() - t0:.1f} s")
     nb.screenshot(area, f"{index:02d}-{step.id}")
     problems = check(step, before, after, value)
     problems += [f"console: {m}" for m in nb.new_console_errors()]
