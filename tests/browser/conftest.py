@@ -67,19 +67,31 @@ def browser(lab):
 
 
 @pytest.fixture(scope="session")
-def notebook(request, lab, browser):
-    """The notebook named by the test's parameter, opened and run (Run All) once; tests of one
-    notebook share it (pytest groups them), and its kernel is shut down when they are done."""
-    nb = Notebook(lab, browser, request.param)
-    nb.run_seconds, nb.run_error = None, ""
-    t0 = time.monotonic()
-    try:
-        nb.open()
-        nb.run_seconds = nb.run_all()
+def course(lab, browser):
+    """course(name): that notebook, opened and run (Run All) once; the previous one's page is
+    closed and its kernel shut down when the tests move on (notebooks in sequence)."""
+    current: list[Notebook] = []
+
+    def get(name: str) -> Notebook:
+        if current and current[0].name == name:
+            return current[0]
+        if current:
+            lab.remember_processes()
+            current.pop().close()
+        nb = Notebook(lab, browser, name)
+        nb.run_seconds, nb.run_error = None, ""
+        t0 = time.monotonic()
+        try:
+            nb.open()
+            nb.run_seconds = nb.run_all()
+            lab.remember_processes()
+        except Exception as error:  # reported by the Run All row; later rows fail on their own
+            nb.run_error = f"open + Run All failed after {time.monotonic() - t0:.0f} s: {error}"
+        print(f"\n{name}: Run All {nb.run_seconds or float('nan'):.1f} s")
+        current.append(nb)
+        return nb
+
+    yield get
+    if current:
         lab.remember_processes()
-    except Exception as error:  # reported by test_run_all; later steps fail on their own
-        nb.run_error = f"open + Run All failed after {time.monotonic() - t0:.0f} s: {error}"
-    print(f"\n{request.param}: Run All {nb.run_seconds or float('nan'):.1f} s")
-    yield nb
-    lab.remember_processes()
-    nb.close()
+        current.pop().close()

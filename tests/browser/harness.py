@@ -276,8 +276,10 @@ class Notebook:
 
     # -- notebook level
     def open(self, timeout: float = 90) -> None:
-        self.page.goto(f"{self.lab.url}/lab/tree/notebooks/{self.name}?token={self.lab.token}")
-        self.page.wait_for_selector(".jp-Notebook .jp-CodeCell", timeout=timeout * 1000)
+        # A workspace of its own, reset: JupyterLab restores no other notebook's tabs.
+        self.page.goto(f"{self.lab.url}/lab/workspaces/plab-{self.stem[:2]}/tree/notebooks/"
+                       f"{self.name}?reset&token={self.lab.token}")
+        self.page.locator(".jp-Notebook .jp-CodeCell").first.wait_for(timeout=timeout * 1000)
         self.wait_kernel("idle", timeout)
 
     def wait_kernel(self, status: str = "idle", timeout: float = 120) -> None:
