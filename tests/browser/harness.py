@@ -437,9 +437,10 @@ class Notebook:
         raise AssertionError(f"slider did not reach {target!r} (at {readout()!r})")
 
     def settle(self, area, before: dict, expect_change: bool = True, timeout: float = 60,
-               quiet: float = 0.6) -> dict:
-        """Wait until the output has changed from `before` (when a change is expected) and then
-        stayed the same for `quiet` seconds with the kernel idle. Returns the final state."""
+               quiet: float = 0.6, want_image: bool = False) -> dict:
+        """Wait until the output has changed from `before` (when a change is expected), shows an
+        image (when `want_image`: callbacks that print before they draw), and then stayed the same
+        for `quiet` seconds with the kernel idle. Returns the final state."""
         t0 = time.monotonic()
         last, last_change = before, t0
         changed = False
@@ -451,8 +452,8 @@ class Notebook:
                 last, last_change = now, t
             changed = changed or now != before
             idle = self.page.evaluate(kernel_status_js()) in ("idle", None)
-            if (changed or not expect_change or t - t0 > timeout) and idle \
-                    and t - last_change >= quiet:
+            ready = (changed or not expect_change) and (now["images"] or not want_image)
+            if (ready or t - t0 > timeout) and idle and t - last_change >= quiet:
                 return last
             if t - t0 > timeout + quiet + 30:
                 return last

@@ -224,7 +224,8 @@ def one_move(nb, index: int):
     before = nb.state(area)
     t0 = time.monotonic()
     value = nb.act(ctl, step.kind, step.to)
-    after = nb.settle(area, before, expect_change=step.change is True, timeout=step.timeout)
+    after = nb.settle(area, before, expect_change=step.change is True, timeout=step.timeout,
+                      want_image=step.image and step.change is not False)
     print(f"{nb.stem} {step.id} → {value!r}: settled in {time.monotonic() - t0:.1f} s")
     nb.screenshot(area, f"{index:02d}-{step.id}")
     problems = check(step, before, after, value)
@@ -259,7 +260,7 @@ def race_keeps_figure(nb):
     t0 = time.monotonic()
     values = [nb.act(ctl, s.kind, s.to) for ctl, s in zip(controls, widget.race)]
     spread = time.monotonic() - t0
-    after = nb.settle(area, before, timeout=120, quiet=3.0)
+    after = nb.settle(area, before, timeout=60, quiet=3.0, want_image=True)
     nb.screenshot(area, "race")
     assert spread <= RACE_WINDOW_S + 0.3, f"inputs took {spread:.2f} s (want ~{RACE_WINDOW_S} s)"
     assert after != before, "output did not change"
