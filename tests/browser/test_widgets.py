@@ -43,6 +43,7 @@ class Widget:
     cell: str                 # text in the source of the cell that displays the widget
     steps: tuple[Step, ...]
     race: tuple[Step, ...] = ()   # changed within RACE_WINDOW_S of each other, ranks cold
+    race_from: tuple[Step, ...] = ()  # moves (settled) that set the race's starting point
     cold: str = ""            # code run in the kernel before the race so that the ranks are cold
     race_known: str = ""
 
@@ -107,8 +108,14 @@ WIDGETS = (
         Step(r"schedule", "dropdown", "first", text=r"{value}"),
     ),
         race=(Step(r"schedule", "dropdown", "gpipe"), Step(r"^m\b|micro", "slider", "8")),
+        race_from=(Step(r"^p\b|stages|ranks", "slider", "4"), Step(r"^m\b|micro", "slider", "4"),
+                   Step(r"schedule", "dropdown", "1f1b")),  # the widget's defaults
         cold="ranks.close()",
-        race_known="issue 11: the PNG goes out tagged to the Output's own message, not the redraw"),
+        # Not marked: on this branch widget_pipeline already builds the figure after the run and
+        # displays it explicitly, and the race keeps its chart (passed 3 of 3 runs here). Issue 11
+        # saw the loss when the figure was flushed by matplotlib's hook; set race_known="why" to
+        # mark it expected-to-fail if a widget change brings that back before it is fixed.
+        ),
     Widget("06_cost_simulator.ipynb", "widget_simulator(", (
         Step(r"parallelism vs", "tab"),
         Step(r"largest runs", "tab", image=False, text=r"\S"),
@@ -249,6 +256,11 @@ def race_keeps_figure(nb):
     with its figure (an <img> in its output), not only the text (issue 11's lost figure)."""
     widget = BY_NOTEBOOK[nb.name]
     area = nb.widget_area(widget.cell)
+    for s in widget.race_from:  # the starting point (the widget's defaults)
+        ctl = nb.control(area, s.control, s.kind)
+        if nb.value_of(ctl, s.kind) != s.to:
+            nb.act(ctl, s.kind, s.to)
+            nb.settle(area, nb.state(area), timeout=60)
     controls = [nb.control(area, s.control, s.kind) for s in widget.race]
     for ctl, s in zip(controls, widget.race):  # start away from the race's targets
         if nb.value_of(ctl, s.kind) == s.to:
@@ -256,10 +268,12 @@ def race_keeps_figure(nb):
             nb.settle(area, nb.state(area), timeout=60)
     if widget.cold:
         nb.kernel_exec(widget.cold)
+    inputs = [nb.prepare(ctl, s.kind, s.to) for ctl, s in zip(controls, widget.race)]
     before = nb.state(area)
     t0 = time.monotonic()
-    values = [nb.act(ctl, s.kind, s.to) for ctl, s in zip(controls, widget.race)]
+    values = [send() for send in inputs]
     spread = time.monotonic() - t0
+    assert values == [s.to for s in widget.race], f"controls ended at {values}"
     after = nb.settle(area, before, timeout=60, quiet=3.0, want_image=True)
     nb.screenshot(area, "race")
     assert spread <= RACE_WINDOW_S + 0.3, f"inputs took {spread:.2f} s (want ~{RACE_WINDOW_S} s)"
