@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: lab test unit notebooks figures bench venv clean
+.PHONY: lab test unit browser notebooks figures bench venv clean
 
 venv: $(STAMP)
 
@@ -22,9 +22,16 @@ lab: $(STAMP)
 
 # Unit tests (tests/test_torchrun.py runs a demo under torchrun with 2 CPU ranks), then every
 # notebook top to bottom under nbval, comparing the cells marked NBVAL_CHECK_OUTPUT.
+# Then the widgets in a real browser (tests/browser: JupyterLab + Debian's headless Chromium), or a
+# clear "SKIPPED" line naming /usr/bin/chromium where it is missing (.ci/run installs it).
 test: $(STAMP)
-	$(PY) -m pytest tests -q
+	$(PY) -m pytest tests -q --ignore=tests/browser
 	$(PY) -m pytest --nbval-lax --nbval-sanitize-with tests/sanitize.cfg notebooks -q
+	$(MAKE) --no-print-directory browser
+
+# Browser tests alone; screenshots of every widget after every move land in browser-shots/.
+browser: $(STAMP)
+	$(PY) -m pytest tests/browser -q -rsxX -p no:cacheprovider
 
 unit: $(STAMP)
 	$(PY) -m pytest tests -q

@@ -1,0 +1,172 @@
+"""Widget latency as a student feels it: from the input event to the changed output, in the browser.
+
+    python -m benchmarks.browser [--moves 5] [--only 01,05]
+
+JupyterLab (a throw-away copy of the notebooks, autosave off) in Debian's headless Chromium. Each
+notebook is run with Run All; then each control below is moved back and forth `--moves` times. A
+MutationObserver on the widget's output area, armed just before the input, stops the clock at the
+first mutation that changes the output's images or text; both timestamps are performance.now() in
+the page (the input's at its first pointerdown/keydown/input/change event). Issue 11's targets:
+<= 0.3 s for notebook 01's world size between 2 and 8 warm ranks, <= 0.3 s for notebook 05 in wait
+mode at its default, <= 0.2 s for the pure widgets (00, 03, 04, 06 tabs). The last line is JSON:
+{"widgets": [{"notebook", "control", "median_s", ...}]}.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from dataclasses import dataclass
+
+from tests.browser.harness import (CHROMIUM, OUTPUT_STATE_JS, Lab, Notebook,
+                                   chromium_missing_reason)
+
+
+@dataclass(frozen=True)
+class Bench:
+    notebook: str
+    cell: str                 # text of the cell that displays the widget
+    control: str              # label regex (as in tests/browser/test_widgets.py)
+    kind: str
+    positions: tuple          # the moves alternate between these targets (first one = warm-up)
+    target_s: float
+    name: str = ""            # the control's name in the JSON (default: the regex)
+    before: tuple = ()        # (control, kind, target) moves to make first, not timed
+
+
+BENCHES = (
+    Bench("00_hardware_hierarchy.ipynb", "widget_roofline(", r"^n\b|matrix", "slider",
+          ("max", "min"), 0.2, "n"),
+    Bench("00_hardware_hierarchy.ipynb", "widget_roofline(", r"dtype", "dropdown",
+          ("last", "first"), 0.2, "dtype"),
+    Bench("01_collectives.ipynb", "widget_collectives(", r"world size", "slider",
+          ("8", "2"), 0.3, "world size 2↔8 (warm ranks)"),
+    Bench("03_data_parallelism.ipynb", "widget_zero_memory(", r"^d\b|ranks", "slider",
+          ("max", "min"), 0.2, "d"),
+    Bench("03_data_parallelism.ipynb", "widget_zero_memory(", r"stage", "slider",
+          ("max", "min"), 0.2, "stage"),
+    Bench("04_tensor_parallelism.ipynb", "widget_when_tp_pays(", r"^t\b|tensor", "slider",
+          ("max", "min"), 0.2, "t"),
+    Bench("04_tensor_parallelism.ipynb", "widget_when_tp_pays(", r"link", "dropdown",
+          ("last", "first"), 0.2, "link"),
+    Bench("05_pipeline_parallelism.ipynb", "widget_pipeline(", r"schedule", "dropdown",
+          ("gpipe", "1f1b"), 0.3, "schedule gpipe↔1f1b (p, m at default, wait mode)"),
+    Bench("05_pipeline_parallelism.ipynb", "widget_pipeline(", r"^m\b|micro", "slider",
+          ("8", "4"), 0.3, "m 4↔8 (p, schedule at default, wait mode)"),
+    Bench("06_cost_simulator.ipynb", "widget_simulator(", r"grid point", "slider",
+          ("min", "max"), 0.2, "step-time breakdown: grid point",
+          before=((r"step-time|breakdown", "tab", None),)),
+    Bench("06_cost_simulator.ipynb", "widget_simulator(", r"configuration", "dropdown",
+          ("last", "first"), 0.2, "parallelism vs compute: configuration",
+          before=((r"parallelism vs", "tab", None),)),
+    Bench("06_cost_simulator.ipynb", "widget_simulator(", r"largest runs|MFU", "tab",
+          (None, None), 0.2, "tabs: largest runs / MFU vs compute"),
+)
+
+# Arms a MutationObserver on the area and a capture listener for the input; resolves with the
+# seconds from the first input event to the first mutation that changes the output's state.
+ARM_JS = """
+(area, timeoutMs) => {
+  const state = %s;
+  const sig = () => JSON.stringify(state(area));
+  const base = sig();
+  window.__plab = new Promise(resolve => {
+    let t0 = null, done = false;
+    const events = ['pointerdown', 'mousedown', 'keydown', 'input', 'change', 'click'];
+    const onInput = (e) => { if (t0 === null) t0 = performance.now(); };
+    const finish = (value) => {
+      if (done) return; done = true; obs.disconnect();
+      events.forEach(ev => document.removeEventListener(ev, onInput, true));
+      resolve(value);
+    };
+    events.forEach(ev => document.addEventListener(ev, onInput, true));
+    const obs = new MutationObserver(() => {
+      if (t0 !== null && sig() !== base) finish((performance.now() - t0) / 1000);
+    });
+    obs.observe(area, {subtree: true, childList: true, characterData: true, attributes: true});
+    setTimeout(() => finish(null), timeoutMs);
+  });
+}
+""" % OUTPUT_STATE_JS.strip()
+
+
+def measure(nb: Notebook, bench: Bench, moves: int, timeout_s: float = 60) -> dict:
+    area = nb.widget_area(bench.cell)
+    for control, kind, to in bench.before:
+        nb.act(nb.control(area, control, kind), kind, to)
+        nb.settle(area, nb.state(area), expect_change=False, quiet=0.5)
+    times, values = [], []
+    for k in range(moves + 1):  # move 0 warms up (ranks started, figure cached), not counted
+        to = bench.positions[k % len(bench.positions)]
+        if bench.kind == "tab":
+            pattern = bench.control.split("|")[k % 2]
+            ctl = nb.control(area, pattern, "tab")
+        else:
+            ctl = nb.control(area, bench.control, bench.kind)
+        before = nb.state(area)
+        area.evaluate(ARM_JS, timeout_s * 1000)
+        values.append(nb.act(ctl, bench.kind, to))
+        seconds = nb.page.evaluate("() => window.__plab")
+        nb.settle(area, before, expect_change=False, quiet=0.8)
+        if k > 0:
+            times.append(seconds)
+    got = [t for t in times if t is not None]
+    median = round(statistics.median(got), 3) if len(got) == len(times) else None
+    return {"notebook": bench.notebook[:2], "control": bench.name or bench.control,
+            "median_s": median, "target_s": bench.target_s,
+            "meets_target": median is not None and median <= bench.target_s,
+            "moves_s": [None if t is None else round(t, 3) for t in times],
+            "values": values[1:]}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--moves", type=int, default=5, help="timed moves per control")
+    parser.add_argument("--only", default="", help="comma-separated notebook numbers, e.g. 01,05")
+    args = parser.parse_args(argv)
+    reason = chromium_missing_reason()
+    if reason:
+        print(f"cannot run: {reason}", file=sys.stderr)
+        return 2
+    only = {s.strip() for s in args.only.split(",") if s.strip()}
+    benches = [b for b in BENCHES if not only or b.notebook[:2] in only]
+    from playwright.sync_api import sync_playwright
+    lab, rows = Lab().start(), []
+    try:
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=str(CHROMIUM), headless=True)
+            context = browser.new_context(viewport={"width": 1400, "height": 1000})
+            nb = None
+            for bench in benches:
+                if nb is None or nb.name != bench.notebook:
+                    if nb is not None:
+                        nb.close()
+                    nb = Notebook(lab, context, bench.notebook)
+                    nb.open()
+                    print(f"{bench.notebook}: Run All {nb.run_all():.1f} s", flush=True)
+                    lab.remember_processes()
+                try:
+                    row = measure(nb, bench, args.moves)
+                except Exception as error:  # one control failing must not hide the others
+                    row = {"notebook": bench.notebook[:2], "control": bench.name or bench.control,
+                           "median_s": None, "target_s": bench.target_s, "meets_target": False,
+                           "error": str(error).splitlines()[0][:200]}
+                lab.remember_processes()
+                rows.append(row)
+                print(f"  {row['control']}: median {row['median_s']} s (target ≤ "
+                      f"{row['target_s']} s) moves {row.get('moves_s', row.get('error'))}",
+                      flush=True)
+            if nb is not None:
+                nb.close()
+            browser.close()
+    finally:
+        forced = lab.stop()
+        if forced:
+            print(f"had to kill: {forced}", file=sys.stderr)
+    print(json.dumps({"widgets": rows}, ensure_ascii=False))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,503 @@
+"""JupyterLab in headless Chromium, as a student meets the notebooks: the machinery the browser tests
+(tests/browser/test_widgets.py) and the benchmark (benchmarks/browser.py) share.
+
+`Lab` starts JupyterLab on 127.0.0.1 (free port, token) over a throw-away COPY of notebooks/ and
+figures/, with throw-away settings (autosave off), workspaces and runtime folders, and stops it with
+every kernel and rank process it started. `Notebook` opens one notebook, runs all its cells from the
+Run menu and finds widget controls by their label text and the widget's output by its area.
+
+Chromium is Debian's (/usr/bin/chromium), driven by Python playwright: nothing downloads a browser.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from contextlib import closing
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+CHROMIUM = Path(os.environ.get("PLAB_CHROMIUM", "/usr/bin/chromium"))
+SHOTS = ROOT / "browser-shots"
+
+# JupyterLab settings for the test: never autosave (the copy is thrown away anyway), every cell in
+# the DOM (no windowing, so cells are found by their text), no news or update toasts over the page.
+SETTINGS = {
+    "@jupyterlab/docmanager-extension:plugin": {"autosave": False},
+    "@jupyterlab/notebook-extension:tracker": {"windowingMode": "none"},
+    "@jupyterlab/apputils-extension:notification": {"fetchNews": "false",
+                                                    "checkForUpdates": False},
+}
+
+
+def chromium_missing_reason() -> str | None:
+    """Why the browser tests cannot run here, or None when they can."""
+    if not CHROMIUM.exists():
+        return f"no Chromium at {CHROMIUM} (apt-get install chromium; .ci/run does it)"
+    try:
+        import playwright.sync_api  # noqa: F401
+    except ImportError:
+        return "Python playwright not installed (pip install -r requirements.txt)"
+    return None
+
+
+def free_port() -> int:
+    with closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def port_busy(port: int) -> bool:
+    with closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def descendants(pid: int) -> list[int]:
+    """Every live process below `pid` (kernels, their rank processes), from /proc."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        children.setdefault(ppid, []).append(int(entry.name))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+class Lab:
+    """One JupyterLab server for a whole test session, over a temporary copy of the course."""
+
+    def __init__(self):
+        self.tmp = Path(tempfile.mkdtemp(prefix="plab-browser-"))
+        self.port = free_port()
+        self.token = secrets.token_hex(16)
+        self.proc: subprocess.Popen | None = None
+        self.known_pids: set[int] = set()
+        self.log_path = self.tmp / "jupyterlab.log"
+
+    # -- server
+    def start(self, timeout: float = 60) -> "Lab":
+        root = self.tmp / "course"
+        for folder in ("notebooks", "figures"):
+            shutil.copytree(ROOT / folder, root / folder,
+                            ignore=shutil.ignore_patterns(".ipynb_checkpoints", "__pycache__"))
+        app_settings, user_settings = self.tmp / "app-settings", self.tmp / "user-settings"
+        app_settings.mkdir()
+        (app_settings / "overrides.json").write_text(json.dumps(SETTINGS, indent=1))
+        for plugin, values in SETTINGS.items():  # the user level too, so no level autosaves
+            package, name = plugin.split(":")
+            path = user_settings / package / f"{name}.jupyterlab-settings"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(values))
+        env = dict(os.environ,
+                   JUPYTERLAB_SETTINGS_DIR=str(user_settings),
+                   JUPYTERLAB_WORKSPACES_DIR=str(self.tmp / "workspaces"),
+                   JUPYTER_RUNTIME_DIR=str(self.tmp / "runtime"),
+                   JUPYTER_CONFIG_DIR=str(self.tmp / "config"),
+                   IPYTHONDIR=str(self.tmp / "ipython"),
+                   MPLCONFIGDIR=str(self.tmp / "mpl"),
+                   PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT),
+                                                            os.environ.get("PYTHONPATH")])))
+        cmd = [sys.executable, "-m", "jupyterlab", "--no-browser",
+               "--ServerApp.ip=127.0.0.1", f"--ServerApp.port={self.port}",
+               "--ServerApp.port_retries=0", f"--IdentityProvider.token={self.token}",
+               f"--ServerApp.root_dir={root}", f"--LabApp.app_settings_dir={app_settings}",
+               "--ServerApp.disable_check_xsrf=False", "--LabApp.news_url=None",
+               "--ServerApp.shutdown_no_activity_timeout=0"]
+        if os.geteuid() == 0:
+            cmd.append("--allow-root")
+        self.log = open(self.log_path, "w")
+        self.proc = subprocess.Popen(cmd, cwd=root, env=env, stdout=self.log,
+                                     stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"JupyterLab exited:\n{self.log_path.read_text()[-3000:]}")
+            try:
+                self.api("status")
+                return self
+            except OSError:
+                time.sleep(0.3)
+        raise RuntimeError(f"JupyterLab did not answer in {timeout} s:\n"
+                           f"{self.log_path.read_text()[-3000:]}")
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def api(self, path: str, method: str = "GET"):
+        req = urllib.request.Request(f"{self.url}/api/{path}", method=method,
+                                     headers={"Authorization": f"token {self.token}"})
+        with urllib.request.urlopen(req, timeout=10) as r:
+            body = r.read()
+        return json.loads(body) if body else None
+
+    def remember_processes(self) -> None:
+        """Note every process under the server now (kernels and their ranks) for `stop`."""
+        if self.proc is not None:
+            self.known_pids.update(descendants(self.proc.pid))
+
+    def stop(self) -> list[str]:
+        """Shut down kernels, the server, any process left below them; remove the temp folder.
+        Returns what had to be forced (empty when everything went quietly)."""
+        forced: list[str] = []
+        if self.proc is not None:
+            self.remember_processes()
+            try:
+                for kernel in self.api("kernels"):
+                    self.api(f"kernels/{kernel['id']}", method="DELETE")
+            except OSError:
+                pass
+            self.remember_processes()
+            if self.proc.poll() is None:
+                os.killpg(self.proc.pid, signal.SIGTERM)
+                try:
+                    self.proc.wait(timeout=20)
+                except subprocess.TimeoutExpired:
+                    forced.append("jupyterlab server (SIGKILL)")
+                    os.killpg(self.proc.pid, signal.SIGKILL)
+                    self.proc.wait(timeout=10)
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline and any(alive(p) for p in self.known_pids):
+                time.sleep(0.2)
+            for pid in sorted(self.known_pids):
+                if alive(pid):
+                    forced.append(f"pid {pid} (SIGKILL)")
+                    try:
+                        os.kill(pid, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+            self.log.close()
+            self.proc = None
+        shutil.rmtree(self.tmp, ignore_errors=True)
+        return forced
+
+
+# --- the page side ---------------------------------------------------------------------------------
+
+# Find a control by its label text: the widget's own description, or a Label/HTML widget right
+# before it in the same box. Marks the match with data-plab-id so Python can address it.
+FIND_CONTROL_JS = r"""
+([root, pattern, kind, id]) => {
+  const re = new RegExp(pattern, 'i');
+  const KINDS = {
+    slider: '.widget-slider, .widget-hslider',
+    dropdown: '.widget-dropdown',
+    text: '.widget-text, .widget-inline-hbox:has(> input[type=number])',
+    checkbox: '.widget-checkbox',
+    button: 'button.jupyter-button',
+    tab: '.lm-TabBar-tab, .p-TabBar-tab',
+    toggle: '.widget-toggle-buttons',
+    section: '.jupyter-widget-Collapse-header, .p-Collapse-header, .lm-AccordionPanel-title',
+  };
+  const BARE = 'button, .lm-TabBar-tab, .p-TabBar-tab, .jupyter-widget-Collapse-header, ' +
+               '.p-Collapse-header, .lm-AccordionPanel-title';
+  const labelOf = (el) => {
+    if (el.matches(BARE)) return el.textContent.trim();
+    const own = el.querySelector(':scope > .widget-label, :scope > label');
+    let text = own ? own.textContent.trim() : '';
+    if (!text) {
+      let prev = el.previousElementSibling;
+      if (prev && prev.matches('.widget-label, .widget-html, .widget-htmlmath'))
+        text = prev.textContent.trim();
+    }
+    return text;
+  };
+  const cands = [...root.querySelectorAll(KINDS[kind])].filter(el => el.offsetParent !== null);
+  const hits = cands.filter(el => re.test(labelOf(el)));
+  if (hits.length === 0) return {error: `no ${kind} labelled /${pattern}/i; ${kind}s here: ` +
+                                        JSON.stringify(cands.map(labelOf))};
+  hits[0].setAttribute('data-plab-id', id);
+  return {label: labelOf(hits[0]), count: hits.length};
+}
+"""
+
+# What the widget shows as its result: text and images of its Output widgets (the controls'
+# own readouts excluded), plus HTML widgets inside them. A signature to compare before/after.
+OUTPUT_STATE_JS = r"""
+(area) => {
+  const visible = (el) => el.offsetParent !== null;
+  const outs = [...area.querySelectorAll('.widget-output')].filter(
+      o => !o.parentElement.closest('.widget-output'));
+  const scope = (outs.length ? outs : [area]).filter(visible);
+  const htmls = [...area.querySelectorAll('.widget-html')].filter(
+      h => visible(h) && !h.closest('.widget-output'));
+  const imgs = scope.flatMap(o => [...o.querySelectorAll('img')]).filter(visible);
+  const text = scope.map(o => o.innerText).concat(htmls.map(h => h.innerText)).join('\n');
+  const hash = (s) => { let h = 0; for (let i = 0; i < s.length; i += 7) h = (h * 31 + s.charCodeAt(i)) | 0;
+                        return h + ':' + s.length; };
+  return {text, images: imgs.map(i => hash(i.src)),
+          errors: area.innerText.includes('Error displaying widget') ? ['Error displaying widget'] : []};
+}
+"""
+
+
+def kernel_status_js() -> str:
+    return ("() => { const e = document.querySelector('.jp-Notebook-ExecutionIndicator');"
+            " return e ? e.getAttribute('data-status') : null; }")
+
+
+class Notebook:
+    """One notebook open in its own page: run it, find its widgets' controls and outputs."""
+
+    def __init__(self, lab: Lab, context, name: str):
+        self.lab, self.name, self.stem = lab, name, Path(name).stem
+        self.page = context.new_page()
+        self.console: list[str] = []
+        self.page.on("console", lambda m: self.console.append(f"{m.type}: {m.text}"))
+        self.page.on("pageerror", lambda e: self.console.append(f"pageerror: {e}"))
+        self.seen_errors = 0
+        self.ids = 0
+
+    # -- notebook level
+    def open(self, timeout: float = 90) -> None:
+        # A workspace of its own, reset: JupyterLab restores no other notebook's tabs.
+        self.page.goto(f"{self.lab.url}/lab/workspaces/plab-{self.stem[:2]}/tree/notebooks/"
+                       f"{self.name}?reset&token={self.lab.token}")
+        self.page.locator(".jp-Notebook .jp-CodeCell").first.wait_for(timeout=timeout * 1000)
+        self.wait_kernel("idle", timeout)
+
+    def wait_kernel(self, status: str = "idle", timeout: float = 120) -> None:
+        self.page.wait_for_function(
+            f"() => {{ const s = ({kernel_status_js()})(); return s === {json.dumps(status)}; }}",
+            timeout=timeout * 1000, polling=200)
+
+    def run_all(self, timeout: float = 240) -> float:
+        """Run ▸ Run All Cells from the menu bar; wait until every code cell has run and the kernel
+        is idle. Returns the seconds it took."""
+        t0 = time.monotonic()
+        for attempt in range(3):  # a click while the app is still activating can be lost
+            self.page.locator(".lm-MenuBar-item").filter(
+                has_text=re.compile(r"^\s*Run\s*$")).click()
+            self.page.locator(".lm-Menu-item:visible").filter(
+                has_text=re.compile(r"^\s*Run All Cells\s*$")).first.click()
+            try:  # queued: the prompts turn to [*]
+                self.page.wait_for_function(
+                    "() => [...document.querySelectorAll('.jp-CodeCell .jp-InputArea-prompt')]"
+                    ".some(p => p.textContent.includes('*'))", timeout=10_000, polling=50)
+                break
+            except Exception:
+                self.page.keyboard.press("Escape")
+                if attempt == 2:
+                    raise
+        self.page.wait_for_function(
+            """() => {
+                 const prompts = [...document.querySelectorAll('.jp-CodeCell .jp-InputArea-prompt')];
+                 const ind = document.querySelector('.jp-Notebook-ExecutionIndicator');
+                 return prompts.length > 0 && prompts.every(p => /\\[\\d+\\]/.test(p.textContent))
+                        && ind && ind.getAttribute('data-status') === 'idle';
+               }""", timeout=timeout * 1000, polling=250)
+        return time.monotonic() - t0
+
+    def error_outputs(self) -> list[str]:
+        """Tracebacks shown in the notebook (cells that raised)."""
+        return self.page.eval_on_selector_all(
+            ".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']",
+            "els => els.map(e => e.innerText).filter(t => /Traceback|Error/.test(t))")
+
+    def new_console_errors(self) -> list[str]:
+        errors = [m for m in self.console if m.startswith(("error", "pageerror"))]
+        new, self.seen_errors = errors[self.seen_errors:], len(errors)
+        return new
+
+    def close(self) -> None:
+        self.page.close()
+        try:
+            for s in self.lab.api("sessions"):
+                if s["path"].endswith(self.name):
+                    self.lab.api(f"sessions/{s['id']}", method="DELETE")
+        except OSError:
+            pass
+
+    # -- widget level
+    def widget_area(self, cell_text: str, timeout: float = 60):
+        """The output area of the code cell whose source contains `cell_text`, once it shows a
+        widget (a rendered widget view, or the error box JupyterLab puts in its place)."""
+        cell = self.page.locator(".jp-CodeCell").filter(
+            has=self.page.locator(".jp-InputArea", has_text=cell_text))
+        if cell.count() != 1:
+            raise AssertionError(f"{cell.count()} code cells contain {cell_text!r} in {self.name}")
+        area = cell.locator(".jp-Cell-outputArea, .jp-OutputArea").first
+        area.locator(".jupyter-widgets, :text('Error displaying widget')").first.wait_for(
+            timeout=timeout * 1000)
+        return area
+
+    def control(self, area, label: str, kind: str):
+        self.ids += 1
+        ident = f"c{self.ids}"
+        found = area.evaluate(f"(root, args) => ({FIND_CONTROL_JS})([root, ...args])",
+                              [label, kind, ident])
+        if "error" in found:
+            raise AssertionError(f"{self.name}: {found['error']}")
+        return self.page.locator(f"[data-plab-id='{ident}']")
+
+    def state(self, area) -> dict:
+        return area.evaluate(OUTPUT_STATE_JS)
+
+    def value_of(self, ctl, kind: str) -> str:
+        if kind == "slider":
+            return ctl.locator(".widget-readout").inner_text().strip()
+        if kind == "dropdown":
+            return ctl.locator("select").evaluate("s => s.options[s.selectedIndex]?.text ?? ''")
+        if kind == "text":
+            return ctl.locator("input").input_value()
+        if kind == "checkbox":
+            return str(ctl.locator("input").is_checked())
+        return ctl.inner_text().strip()
+
+    def act(self, ctl, kind: str, to: str | None) -> str:
+        """Do one input on a control, as a reader would. Returns the control's new value text."""
+        page = self.page
+        if kind == "slider":
+            ctl.scroll_into_view_if_needed()
+            handles = ctl.locator(".noUi-handle")
+            handle = handles.last if (to == "max" and handles.count() > 1) else handles.first
+            base = ctl.locator(".noUi-base").bounding_box()
+            hb = handle.bounding_box()
+            x0, y = hb["x"] + hb["width"] / 2, hb["y"] + hb["height"] / 2
+            if to == "min":
+                x = base["x"] - 60
+            elif to == "max":
+                x = base["x"] + base["width"] + 60
+            else:
+                x = base["x"] + base["width"] * self._fraction(handle, to)
+            page.mouse.move(x0, y)
+            page.mouse.down()
+            page.mouse.move(x, y, steps=1)
+            page.mouse.up()
+            if to not in ("min", "max"):
+                self._nudge(ctl, handle, to)
+        elif kind == "dropdown":
+            select = ctl.locator("select")
+            n = select.evaluate("s => s.options.length")
+            if to in ("first", "last"):
+                select.select_option(index=0 if to == "first" else n - 1)
+            else:
+                select.select_option(label=to)
+        elif kind == "text":
+            box = ctl.locator("input")
+            box.fill(to or "")
+            box.press("Enter")
+        elif kind == "checkbox":
+            ctl.locator("input").click()
+        else:  # button, tab
+            ctl.click()
+        return self.value_of(ctl, kind)
+
+    def prepare(self, ctl, kind: str, to: str | None):
+        """The input of `act`, with everything measured beforehand, as a callable that only sends
+        the input events (for inputs that must land within a fraction of a second)."""
+        page = self.page
+        if kind != "slider":
+            return lambda: self.act(ctl, kind, to)
+        ctl.scroll_into_view_if_needed()
+        handles = ctl.locator(".noUi-handle")
+        handle = handles.last if (to == "max" and handles.count() > 1) else handles.first
+        base, hb = ctl.locator(".noUi-base").bounding_box(), handle.bounding_box()
+        x0, y = hb["x"] + hb["width"] / 2, hb["y"] + hb["height"] / 2
+        x = {"min": base["x"] - 60, "max": base["x"] + base["width"] + 60}.get(
+            to, base["x"] + base["width"] * self._fraction(handle, to or ""))
+
+        def send():
+            page.mouse.move(x0, y)
+            page.mouse.down()
+            page.mouse.move(x, y, steps=1)
+            page.mouse.up()
+            return self.value_of(ctl, kind)
+        return send
+
+    def _fraction(self, handle, target: str) -> float:
+        lo, hi = (float(handle.get_attribute(a)) for a in ("aria-valuemin", "aria-valuemax"))
+        try:
+            return min(1.0, max(0.0, (float(target) - lo) / (hi - lo)))
+        except ValueError:  # a label (SelectionSlider): start in the middle, then nudge
+            return 0.5
+
+    def _nudge(self, ctl, handle, target: str, tries: int = 40) -> None:
+        """Arrow keys until the readout says `target` (SelectionSliders, rounding)."""
+        def readout():
+            return ctl.locator(".widget-readout").inner_text().strip()
+
+        def number(s):
+            try:
+                return float(re.sub(r"[^\d.eE+-]", "", s))
+            except ValueError:
+                return None
+        for _ in range(tries):
+            now = readout()
+            if now == target:
+                return
+            a, b = number(now), number(target)
+            if a is None or b is None:
+                raise AssertionError(f"cannot steer slider to {target!r} (at {now!r})")
+            handle.press("ArrowRight" if b > a else "ArrowLeft")
+        raise AssertionError(f"slider did not reach {target!r} (at {readout()!r})")
+
+    def settle(self, area, before: dict, expect_change: bool = True, timeout: float = 60,
+               quiet: float = 0.6, want_image: bool = False) -> dict:
+        """Wait until the output has changed from `before` (when a change is expected), shows an
+        image (when `want_image`: callbacks that print before they draw), and then stayed the same
+        for `quiet` seconds with the kernel idle. Returns the final state."""
+        t0 = time.monotonic()
+        last, last_change = before, t0
+        changed = False
+        while True:
+            time.sleep(0.1)
+            now = self.state(area)
+            t = time.monotonic()
+            if now != last:
+                last, last_change = now, t
+            changed = changed or now != before
+            idle = self.page.evaluate(kernel_status_js()) in ("idle", None)
+            ready = (changed or not expect_change) and (now["images"] or not want_image)
+            if (ready or t - t0 > timeout) and idle and t - last_change >= quiet:
+                return last
+            if t - t0 > timeout + quiet + 30:
+                return last
+
+    def screenshot(self, area, name: str) -> Path:
+        SHOTS.mkdir(exist_ok=True)
+        path = SHOTS / f"{self.stem}--{re.sub(r'[^A-Za-z0-9_.=-]+', '_', name)}.png"
+        area.scroll_into_view_if_needed()
+        area.screenshot(path=str(path))
+        return path
+
+    def kernel_exec(self, code: str, timeout: float = 60) -> None:
+        """Run code in this notebook's kernel from a second client (for test setup only)."""
+        from jupyter_client import BlockingKernelClient
+        session = next(s for s in self.lab.api("sessions") if s["path"].endswith(self.name))
+        conn = self.lab.tmp / "runtime" / f"kernel-{session['kernel']['id']}.json"
+        client = BlockingKernelClient()
+        client.load_connection_file(str(conn))
+        client.start_channels()
+        try:
+            reply = client.execute_interactive(code, timeout=timeout, output_hook=lambda m: None)
+            if reply["content"]["status"] != "ok":
+                raise RuntimeError(f"kernel_exec({code!r}): {reply['content']}")
+        finally:
+            client.stop_channels()
