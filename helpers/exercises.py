@@ -211,8 +211,10 @@ def _judge(answer: int, right: int, why: str, known: dict[int, str], otherwise: 
 def check_dp_ring_bytes(answer: float) -> Verdict:
     """Bytes each of d = 4 ranks sends per step to all-reduce the lecture MLP's fp32 gradients
     (Ψ = 4·1024² parameters) with a ring."""
-    gradient = 4 * 1024 * 1024 * 4  # Ψ parameters × 4 bytes = 16 MiB
-    expected = 2 * (4 - 1) / 4 * gradient
+    from helpers.cost.alpha_beta import OPS
+    from helpers.models import LECTURE
+    gradient = LECTURE.parameters * 4  # Ψ fp32 gradients = 16 MiB
+    expected = OPS["all_reduce"].bus_factor(4) * gradient
     if close_to(answer, expected):
         return Verdict(True, f"2(d−1)/d × 16 MiB = {expected:,.0f} B (24 MiB): a reduce-scatter "
                              "and an all-gather, each (d−1)/d of the buffer.")
@@ -235,15 +237,16 @@ def check_dp_buckets(answer: int) -> Verdict:
 def check_dp_zero1_gb(answer: float) -> Verdict:
     """ZeRO-1 memory per rank (GB, 1e9 bytes) for Ψ = 7.5e9, d = 64, mixed-precision Adam
     (2 + 2 bytes of bf16 weight and gradient, K = 12 bytes of optimizer state)."""
+    from helpers.cost.memory import zero_memory_per_rank
     psi, d = 7.5e9, 64
-    expected = (4 * psi + 12 * psi / d) / 1e9
+    expected = zero_memory_per_rank(psi, d, stage=1).total / 1e9
     if close_to(answer, expected, rel=0.01):
         return Verdict(True, f"4Ψ + 12Ψ/d = 30 GB + {12 * psi / d / 1e9:.2f} GB = "
                              f"{expected:.2f} GB (the ZeRO paper's 31.4 GB).")
-    if close_to(answer, 16 * psi / 1e9, rel=0.01):
+    if close_to(answer, zero_memory_per_rank(psi, d, stage=0).total / 1e9, rel=0.01):
         return Verdict(False, "that is plain data parallelism (16Ψ): ZeRO-1 divides only the "
                               "optimizer state by d.")
-    if close_to(answer, 16 * psi / d / 1e9, rel=0.01):
+    if close_to(answer, zero_memory_per_rank(psi, d, stage=3).total / 1e9, rel=0.01):
         return Verdict(False, "that is ZeRO-3 (16Ψ/d): ZeRO-1 keeps weights and gradients whole.")
     return Verdict(False, f"{answer} GB: add weights and gradients (4Ψ) to the sharded 12Ψ/d.")
 
@@ -253,12 +256,14 @@ def check_dp_zero1_gb(answer: float) -> Verdict:
 def check_tp_megatron_bytes(answer: float) -> Verdict:
     """Bytes each rank sends per training step, Megatron layout, lecture MLP (L = 4, b = 128,
     h = 1024, fp32), t = 8, ring all-reduces."""
-    n = 128 * 1024 * 4
-    expected = 2 * 4 * (8 - 1) / 8 * n
+    from helpers.models import LECTURE
+    from helpers.parallel.tp import formula_bytes
+    n = LECTURE.batch * LECTURE.hidden * 4
+    expected = formula_bytes("megatron", 8, LECTURE)
     if close_to(answer, expected):
         return Verdict(True, f"2L(t−1)/t · n = 8 · 7/8 · {n:,} B = {expected:,.0f} B: L/2 "
                              "all-reduces forward and L/2 backward, each 2(t−1)/t · n.")
-    if close_to(answer, 3 * 4 * (8 - 1) / 8 * n):
+    if close_to(answer, formula_bytes("lecture", 8, LECTURE)):
         return Verdict(False, "that is the lecture layout (3L(t−1)/t · n); Megatron needs one "
                               "all-reduce per pair of layers in each pass.")
     return Verdict(False, f"{answer:,.0f} B: count the all-reduces per step (L/2 forward, L/2 "

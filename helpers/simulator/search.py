@@ -267,7 +267,7 @@ class _Layouts:
 
     def __init__(self, pairs: _Pairs, keep, d, f, L, s, B, schedules):
         EP = self.EP = pairs.EP
-        tps, pps, PPa = pairs.tps, pairs.pps, pairs.PPa
+        pps, PPa = pairs.pps, pairs.PPa
         ti, pj, DPp = pairs.ti[keep], pairs.pj[keep], pairs.DPp[keep]
         # Expand each (TP, DP) by its TP shapes.
         shapes = pairs.shapes
