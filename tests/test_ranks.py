@@ -28,6 +28,16 @@ def alive(pid: int) -> bool:
         return False
 
 
+@pytest.fixture
+def interruptible():
+    """SIGINT raising KeyboardInterrupt, as in a Jupyter kernel, whatever the test runner
+    inherited: a shell starts background jobs (and `nohup`) with SIGINT ignored, and Python
+    then never installs its handler."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
 def wait_dead(pids, seconds=10.0) -> list[int]:
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
@@ -176,7 +186,7 @@ def test_a_rank_that_dies_is_reported_and_the_rest_are_torn_down():
         assert wait_dead(pids) == []
 
 
-def test_keyboard_interrupt_kills_every_rank_and_the_next_call_works():
+def test_keyboard_interrupt_kills_every_rank_and_the_next_call_works(interruptible):
     with LiveRanks(2, timeout=60) as group:
         pids = [r["pid"] for r in group.run(rank_fns.identity)]
         # A real SIGINT, as Jupyter's interrupt button sends, not just a flag.
@@ -201,6 +211,10 @@ def test_close_leaves_no_child_process_and_no_folder():
 
 SCRIPT = """
 import os, signal, sys
+# A kernel starts with the default dispositions; a runner under nohup or in the background
+# would hand down SIGHUP / SIGINT ignored, and LiveRanks rightly leaves ignored signals alone.
+for sig in (signal.SIGHUP, signal.SIGTERM, signal.SIGINT):
+    signal.signal(sig, signal.SIG_DFL)
 sys.path.insert(0, {root!r})
 from helpers.ranks import LiveRanks
 from tests import rank_fns
@@ -365,7 +379,8 @@ def test_a_stale_reply_is_never_returned(live):
     assert [r["value"] for r in live.run(rank_fns.identity, value="next")] == ["next", "next"]
 
 
-def test_an_interrupt_during_clean_up_leaves_no_rank_and_the_next_call_works(monkeypatch):
+def test_an_interrupt_during_clean_up_leaves_no_rank_and_the_next_call_works(monkeypatch,
+                                                                            interruptible):
     """The reader presses stop twice: the second interrupt lands while ranks are reaped."""
     with LiveRanks(1, timeout=60) as group:
         pids = [r["pid"] for r in group.run(rank_fns.identity)]
