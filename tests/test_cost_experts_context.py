@@ -41,3 +41,14 @@ def test_chunks_and_checks():
         experts.check_expert_degree(3, 4)
     with pytest.raises(ValueError, match="top_k must be between 1 and 4"):
         experts.capacity(8, 4, 5, 1.0)
+
+
+def test_ring_schedule_idle():
+    # c = 2 naive, in forward-block units: forward rank 0 works ½ of 1.5, backward rank 0 works
+    # 1 while rank 1 works 3 and starts 1 late: idle 1 + 4 of 11
+    assert context.ring_schedule_idle(2, "naive") == pytest.approx(5 / 11)
+    for c in (1, 2, 4, 8):
+        assert context.ring_schedule_idle(c, "zigzag") == pytest.approx(0)
+        assert context.ring_schedule_idle(c, "naive") >= context.idle_share(context.causal_work(c, "naive"))
+    assert context.step_work(0, 0, 4, "zigzag") == 2.0 and context.step_work(3, 1, 4, "zigzag") == 2.0
+    assert context.step_work(0, 1, 4, "naive") == 0.0

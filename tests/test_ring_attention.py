@@ -57,6 +57,16 @@ def test_context_parallel_decoder_matches_one_process(ranks, layout):
         torch.testing.assert_close(results[0].grads[name], grad, atol=1e-5, rtol=1e-4, msg=name)
 
 
+def test_wait_mode_runs_the_schedule_without_arithmetic(ranks):
+    """Wait mode sleeps instead of computing; the spans still make a timeline (its idle share
+    is compared with the model in notebook 09 and the benchmark, never asserted: timing)."""
+    steps = ranks.resize(2).run(ra.timed_ring_steps, SMALL, "naive", 1, 1, 0.02)
+    assert 0 <= ra.summarize(steps).idle_share < 1
+    assert ra.check_ring(2, SMALL, "naive", 0.02) is None
+    with pytest.raises(ValueError, match="pause_s"):
+        ra.check_ring(2, SMALL, "naive", 5.0)
+
+
 def test_one_rank_is_full_attention(ranks, reference):
     steps = ra.run_ring_step(ranks, 1, SMALL, "naive")
     assert ra.compare(steps, reference, "naive") < 1e-5
@@ -83,10 +93,12 @@ def test_merge_of_two_key_blocks_is_the_softmax_over_both():
 
 def test_idle_share_from_spans():
     def step(*spans):
-        return ra.RingStep(None, (), 0, tuple(ra.Span(kind, "forward", 0, a, b) for kind, a, b in spans))
-    busy = step(("compute", 0.0, 4.0))
-    waiting = step(("compute", 0.0, 1.0), ("wait", 1.0, 3.0))   # then done at 3 of 4
-    assert ra.idle_share([busy, waiting]) == pytest.approx((2 + 1) / 8)
+        return ra.RingStep(None, (), 0, tuple(ra.Span(kind, phase, 0, a, b) for kind, phase, a, b in spans))
+    busy = step(("compute", "forward", 0.0, 4.0), ("compute", "backward", 10.0, 12.0))
+    waiting = step(("compute", "forward", 0.0, 1.0), ("wait", "forward", 1.0, 3.0),  # done at 3 of 4
+                   ("compute", "backward", 10.0, 12.0))
+    # idle: 2 s waiting + 1 s done early; busy 4 + 1 forward, 2 + 2 backward; the gap 4-10 s is neither
+    assert ra.idle_share([busy, waiting]) == pytest.approx(3 / (3 + 9))
 
 
 class Refuse:

@@ -69,3 +69,56 @@ def ring_bytes(c: int, batch: int, heads: int, seq: int, head_dim: int,
     if c == 1:
         return 0
     return (c - 1) * block + (c - 1) * block + c * block
+
+
+def block_pairs(mine: list[int], theirs: list[int]) -> list[tuple[int, int, bool]]:
+    """(index in mine, index in theirs, diagonal) for every (query chunk, key chunk) pair with
+    something to compute: the key chunk is not later than the query chunk."""
+    return [(i, j, a == b) for i, a in enumerate(mine) for j, b in enumerate(theirs) if b <= a]
+
+
+def step_work(rank: int, step: int, c: int, layout: str) -> float:
+    """Forward work of `rank` at ring step `step` (the block of rank (rank − step) mod c), in
+    full chunk pairs: 1 per full pair, ½ per diagonal."""
+    pairs = block_pairs(chunks_of(rank, c, layout), chunks_of((rank - step) % c, c, layout))
+    return sum(0.5 if diagonal else 1.0 for _, _, diagonal in pairs)
+
+
+def ring_schedule_idle(c: int, layout: str) -> float:
+    """Idle share of the ring schedule itself, forward then backward (a backward pair costs
+    twice a forward one), transfers taking no time: what wait mode measures.
+
+    A hop is one isend to the next rank and one irecv from the previous, posted together;
+    waiting for it ends once both neighbours have posted theirs (the previous rank's block has
+    left, the next rank is ready to take mine). Forward, rank r posts the hop of step i, works
+    its block, waits, and starts step i + 1. Backward, the same for K/V, and the block's dK/dV
+    goes on once this rank's share is added and the accumulator from before has arrived.
+    Higher than `idle_share(causal_work(...))`, which only compares the work: in the ring the
+    busiest rank also holds up its neighbours' hops and starts its backward last.
+    """
+    check_int("c", c)
+    work = [[step_work(r, i, c, layout) for i in range(c)] for r in range(c)]
+
+    def hop_done(r: int, called: float, posted: list[float]) -> float:
+        return max(called, posted[r - 1], posted[(r + 1) % c])
+
+    start = [[0.0] * c for _ in range(c)]           # forward: step i begins (hop i posted)
+    for i in range(c - 1):
+        for r in range(c):
+            start[r][i + 1] = hop_done(r, start[r][i] + work[r][i], [x[i] for x in start])
+    forward_end = [start[r][c - 1] + work[r][c - 1] for r in range(c)]
+    begin = [[0.0] * c for _ in range(c)]           # backward: step i begins (K/V hop posted)
+    passed = [[0.0] * c for _ in range(c)]          # backward: dK/dV of step i posted
+    for r in range(c):
+        begin[r][0] = forward_end[r]
+    for i in range(c):
+        for r in range(c):
+            done = begin[r][i] + 2 * work[r][i]
+            passed[r][i] = hop_done(r, done, [x[i - 1] for x in passed]) if i else done
+        if i < c - 1:
+            for r in range(c):
+                begin[r][i + 1] = hop_done(r, passed[r][i], [x[i] for x in begin])
+    backward_end = [hop_done(r, passed[r][c - 1], [x[c - 1] for x in passed]) for r in range(c)]
+    busy = 3 * sum(map(sum, work))
+    span = max(forward_end) + (max(backward_end) - min(forward_end))
+    return 1 - busy / (c * span)

@@ -40,6 +40,7 @@ from helpers.models import (MOE, TRANSFORMER, MoE, MoEConfig, MoEStats, Transfor
                             kept_slots, lm_loss, make_moe_batch, make_moe_transformer,
                             make_tokens, moe_loss, route, stats_of)
 from helpers.parallel.groups import group_rank, group_size
+from helpers.parallel.ring_attention import intra_op_threads
 
 
 # ----------------------------------------------------------------------------------------
@@ -256,8 +257,14 @@ class TimedMoE:
 
 
 def timed_ep_steps(rank: int, world_size: int, config: MoEConfig = MOE, steps: int = 5,
-                   group=None) -> TimedMoE:
-    """Rank function: `steps` forward + backward steps after one warm-up, each between barriers."""
+                   threads: int | None = 1, group=None) -> TimedMoE:
+    """Rank function: `steps` forward + backward steps after one warm-up, each between barriers
+    (`threads` torch threads per rank meanwhile, as `ring_attention.intra_op_threads`)."""
+    with intra_op_threads(threads):
+        return _timed_ep_steps(config, steps, group)
+
+
+def _timed_ep_steps(config: MoEConfig, steps: int, group) -> TimedMoE:
     e, r = group_size(group), group_rank(group)
     layer = ExpertParallelMoE(MoE(config), group)
     x = make_moe_batch(config).chunk(e)[r].requires_grad_()
@@ -310,3 +317,33 @@ def ep_transformer_step(rank: int, world_size: int, config: TransformerConfig = 
     stats = model.blocks[0].mlp.stats
     return MoEStep(logits.detach(), total.item(), grads, stats,
                    sum(x.sent_bytes for x in log if x.what != "counts"))
+
+
+@dataclass(frozen=True)
+class RouterLoad:
+    """Where one process's routing of the whole batch puts the tokens, as e ranks would see it."""
+    e: int
+    kept: tuple[int, ...]        # per expert, summed over the e groups
+    dropped: tuple[int, ...]     # per expert
+    capacity: int                # per expert and group: e · capacity per expert in all
+    aux_loss: float
+
+    @property
+    def per_rank(self) -> tuple[int, ...]:
+        """Rows each rank's experts compute (kept slots)."""
+        local = len(self.kept) // self.e
+        return tuple(sum(self.kept[r * local:(r + 1) * local]) for r in range(self.e))
+
+
+def router_load(config: MoEConfig = MOE, e: int = 4) -> RouterLoad:
+    """Route `make_moe_batch` on one process with e capacity groups (what `ep_step` on e ranks
+    does), no backward: the loads the widget draws."""
+    config = check_ep(e, config)
+    layer = MoE(config)
+    with torch.no_grad():
+        layer(make_moe_batch(config))
+    stats = layer.stats
+    load = [sum(g[i] for g in stats.load) for i in range(config.experts)]
+    kept = [sum(g[i] for g in stats.kept) for i in range(config.experts)]
+    return RouterLoad(e, tuple(kept), tuple(a - b for a, b in zip(load, kept)), stats.capacity,
+                      layer.aux_loss.item())

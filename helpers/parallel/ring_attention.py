@@ -35,8 +35,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from helpers.checks import check_choice, check_int
-from helpers.cost.context import LAYOUTS, check_split, chunks_of, ring_bytes
+from helpers.checks import check_choice, check_int, check_number
+from helpers.cost.context import LAYOUTS, block_pairs, check_split, chunks_of, ring_bytes
 from helpers.models import (TRANSFORMER, Attention, TransformerConfig, lm_loss, make_tokens,
                             make_transformer)
 from helpers.parallel.groups import global_rank, group_rank, group_size
@@ -130,16 +130,11 @@ def merge(out: torch.Tensor, lse: torch.Tensor, block_out: torch.Tensor, block_l
     return out, new
 
 
-def _pairs(mine: list[int], theirs: list[int]):
-    """(my chunk i, their chunk j, diagonal) for every pair with something to compute."""
-    return [(i, j, a == b) for i, a in enumerate(mine) for j, b in enumerate(theirs) if b <= a]
-
-
 class RingAttention(torch.autograd.Function):
     """Causal attention of this rank's queries over the whole sequence's keys and values."""
 
     @staticmethod
-    def forward(ctx, q, k, v, layout, group):
+    def forward(ctx, q, k, v, layout, group, pause_s):
         c, r = group_size(group), group_rank(group)
         mine = chunks_of(r, c, layout)
         size = q.shape[2] // len(mine)
@@ -152,7 +147,10 @@ class RingAttention(torch.autograd.Function):
             start = time.perf_counter()
             theirs = chunks_of((r - step) % c, c, layout)
             ks, vs = kv[0].split(size, dim=2), kv[1].split(size, dim=2)
-            for i, j, diagonal in _pairs(mine, theirs):
+            for i, j, diagonal in block_pairs(mine, theirs):
+                if pause_s:   # wait mode: the block's time, no arithmetic
+                    time.sleep(pause_s * (0.5 if diagonal else 1.0))
+                    continue
                 s = _scores(qs[i], ks[j], diagonal)
                 lse = s.logsumexp(-1)
                 outs[i], lses[i] = merge(outs[i], lses[i], torch.exp(s - lse[..., None]) @ vs[j], lse)
@@ -161,7 +159,7 @@ class RingAttention(torch.autograd.Function):
                 kv = shift.wait("forward", step)
         out, lse = torch.cat(outs, dim=2), torch.cat(lses, dim=2)
         ctx.save_for_backward(q, k, v, out, lse)
-        ctx.layout, ctx.group = layout, group
+        ctx.layout, ctx.group, ctx.pause_s = layout, group, pause_s
         return out
 
     @staticmethod
@@ -182,7 +180,10 @@ class RingAttention(torch.autograd.Function):
             ks, vs = kv[0].split(size, dim=2), kv[1].split(size, dim=2)
             part = torch.zeros_like(kv)
             dks, dvs = part[0].split(size, dim=2), part[1].split(size, dim=2)
-            for i, j, diagonal in _pairs(mine, theirs):
+            for i, j, diagonal in block_pairs(mine, theirs):
+                if ctx.pause_s:   # a backward block costs about twice a forward one
+                    time.sleep(2 * ctx.pause_s * (0.5 if diagonal else 1.0))
+                    continue
                 p = torch.exp(_scores(qs[i], ks[j], diagonal) - lses[i][..., None])
                 dvs[j].add_(p.transpose(-1, -2) @ dos[i])
                 ds = p * (dos[i] @ vs[j].transpose(-1, -2) - deltas[i][..., None])
@@ -195,13 +196,18 @@ class RingAttention(torch.autograd.Function):
             if shift is not None:
                 kv = shift.wait("backward", step)
         dkv = travelling.wait("backward", c - 1) if c > 1 else part
-        return torch.cat(dqs, dim=2), dkv[0], dkv[1], None, None
+        return torch.cat(dqs, dim=2), dkv[0], dkv[1], None, None, None
 
 
 def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: str = "zigzag",
-                   group=None) -> torch.Tensor:
-    """(b, heads, s/c, d) local q, k, v in `layout`'s chunk order → this rank's outputs."""
-    return RingAttention.apply(q, k, v, layout, group)
+                   group=None, pause_s: float | None = None) -> torch.Tensor:
+    """(b, heads, s/c, d) local q, k, v in `layout`'s chunk order → this rank's outputs.
+
+    `pause_s` (wait mode, as notebook 05's pipeline): every full block of the forward sleeps
+    that long instead of computing (a diagonal half as long, the backward twice), while the
+    blocks still travel for real; the outputs are then meaningless but the schedule's timing is
+    exact, even with more ranks than cores."""
+    return RingAttention.apply(q, k, v, layout, group, pause_s)
 
 
 # ----------------------------------------------------------------------------------------
@@ -241,30 +247,34 @@ class RingStep:
     spans: tuple[Span, ...]
 
 
-def check_ring(c: int, config: RingConfig, layout: str) -> None:
+def check_ring(c: int, config: RingConfig, layout: str, pause_s: float | None = None) -> None:
     check_int("c", c, 1, 64)
     check_choice("layout", layout, LAYOUTS)
     check_split(config.seq, c, layout)
+    if pause_s is not None:
+        check_number("pause_s", pause_s, 0, 1, low_inclusive=False, unit="s")
 
 
 def ring_step(rank: int, world_size: int, config: RingConfig = RING, layout: str = "zigzag",
-              group=None) -> RingStep:
+              pause_s: float | None = None, group=None) -> RingStep:
     """Rank function: forward and backward of ring attention on this rank's rows, upstream
-    gradient from `make_qkv`; between barriers, so that the spans make one timeline."""
+    gradient from `make_qkv`; between barriers, so that the spans make one timeline.
+    `pause_s`: wait mode (`ring_attention`)."""
     c, r = group_size(group), group_rank(group)
     q, k, v, g = (local(x, r, c, layout) for x in make_qkv(config))
     q, k, v = (x.requires_grad_() for x in (q, k, v))
     dist.barrier(group=group)
     with recording() as (spans, sent):
-        out = ring_attention(q, k, v, layout, group)
+        out = ring_attention(q, k, v, layout, group, pause_s)
         out.backward(g)
     dist.barrier(group=group)
     return RingStep(out.detach(), (q.grad, k.grad, v.grad), sum(sent), tuple(spans))
 
 
-def run_ring_step(ranks, c: int, config: RingConfig = RING, layout: str = "zigzag") -> list[RingStep]:
-    check_ring(c, config, layout)
-    return ranks.resize(c).run(ring_step, config, layout)
+def run_ring_step(ranks, c: int, config: RingConfig = RING, layout: str = "zigzag",
+                  pause_s: float | None = None) -> list[RingStep]:
+    check_ring(c, config, layout, pause_s)
+    return ranks.resize(c).run(ring_step, config, layout, pause_s)
 
 
 def reference(config: RingConfig = RING) -> RingStep:
@@ -294,17 +304,22 @@ def formula_bytes(c: int, config: RingConfig = RING) -> int:
 # ----------------------------------------------------------------------------------------
 
 def idle_share(steps: list[RingStep]) -> float:
-    """The share of the c ranks' time spent waiting for another rank: in the ring's waits,
-    and before its first span or after its last while others still work (the step's wall
-    time runs from the first rank's first span to the last rank's last)."""
-    spans = [s for step in steps for s in step.spans]
-    first, last = min(s.start for s in spans), max(s.end for s in spans)
-    idle = 0.0
-    for step in steps:
-        mine = step.spans
-        idle += sum(s.end - s.start for s in mine if s.kind == "wait")
-        idle += (last - first) - (max(s.end for s in mine) - min(s.start for s in mine))
-    return idle / (len(steps) * (last - first))
+    """The share of the ranks' ring time spent waiting for another rank, forward and backward
+    apart: a rank's idle time is its waits for a neighbour's block, plus the time before its
+    first span and after its last while another rank is still in the same pass; its busy time
+    is its compute spans. Time between the passes (autograd's own) counts for neither."""
+    idle = busy = 0.0
+    for phase in ("forward", "backward"):
+        spans = [[s for s in step.spans if s.phase == phase] for step in steps]
+        if not any(spans):
+            continue
+        first = min(s.start for mine in spans for s in mine)
+        last = max(s.end for mine in spans for s in mine)
+        for mine in spans:
+            idle += sum(s.end - s.start for s in mine if s.kind == "wait")
+            idle += (last - first) - (max(s.end for s in mine) - min(s.start for s in mine))
+            busy += sum(s.end - s.start for s in mine if s.kind == "compute")
+    return idle / (idle + busy)
 
 
 @dataclass(frozen=True)
@@ -314,10 +329,27 @@ class RingTiming:
     sent_bytes: int
 
 
+@contextlib.contextmanager
+def intra_op_threads(threads: int | None):
+    """This rank's torch threads set to `threads` inside the block (None: left as they are).
+    Timings use 1: one rank stands for one device, and a rank alone on the machine would
+    otherwise get every core and look faster than a rank of many for that reason alone."""
+    previous = torch.get_num_threads()
+    if threads:
+        torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
+
+
 def timed_ring_steps(rank: int, world_size: int, config: RingConfig = RING,
-                     layout: str = "zigzag", steps: int = 3, group=None) -> list[RingStep]:
+                     layout: str = "zigzag", steps: int = 3, threads: int | None = 1,
+                     pause_s: float | None = None, group=None) -> list[RingStep]:
     """Rank function: `steps` + 1 `ring_step`s (the first warms up); this rank's records."""
-    return [ring_step(rank, world_size, config, layout, group) for _ in range(steps + 1)][1:]
+    with intra_op_threads(threads):
+        return [ring_step(rank, world_size, config, layout, pause_s, group)
+                for _ in range(steps + 1)][1:]
 
 
 def summarize(per_rank: list[list[RingStep]]) -> RingTiming:
@@ -344,7 +376,7 @@ class Overlap:
 
 
 def ring_step_parts(rank: int, world_size: int, config: RingConfig = RING, repeat: int = 7,
-                    group=None) -> Overlap:
+                    threads: int | None = 1, group=None) -> Overlap:
     """Rank function: time a hop, a block's attention and the two overlapped, c = group size."""
     c = group_size(group)
     q, k, v, _ = (x.chunk(c, dim=2)[0].contiguous() for x in make_qkv(config))
@@ -371,7 +403,9 @@ def ring_step_parts(rank: int, world_size: int, config: RingConfig = RING, repea
         compute()
         shift.wait("forward", 0)
 
-    return Overlap(timed(lambda: _Shift(kv, 0, group).wait("forward", 0)), timed(compute), timed(both))
+    with intra_op_threads(threads):
+        return Overlap(timed(lambda: _Shift(kv, 0, group).wait("forward", 0)), timed(compute),
+                       timed(both))
 
 
 # ----------------------------------------------------------------------------------------
