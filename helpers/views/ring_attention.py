@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch, Rectangle
+from matplotlib.ticker import LogLocator, ScalarFormatter
 
 from helpers.cost.context import causal_work, chunks_of
 from helpers.parallel.ring_attention import RingStep
@@ -86,9 +87,12 @@ def plot_ring_scaling(points: list[ScalingPoint]) -> Figure:
                        label=f"c = {c} measured")
     for ax in (left, right):
         ax.set(xscale="log", xlabel="sequence length s (tokens)")
-        ax.set_xticks(seqs, [str(s) for s in seqs])
-        ax.minorticks_off()
         ax.legend(fontsize=8)
     left.set(yscale="log", ylabel="forward + backward, ms", title="step time (zig-zag)")
     right.set(ylabel="MB sent per rank (1 MB = 10⁶ B)", title="bytes per rank per step")
+    for ax in (left, right):
+        ax.minorticks_off()
+        ax.set_xticks(seqs, [str(s) for s in seqs])
+    left.yaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+    left.yaxis.set_major_formatter(ScalarFormatter())
     return fig
