@@ -52,3 +52,13 @@ def test_ring_schedule_idle():
         assert context.ring_schedule_idle(c, "naive") >= context.idle_share(context.causal_work(c, "naive"))
     assert context.step_work(0, 0, 4, "zigzag") == 2.0 and context.step_work(3, 1, 4, "zigzag") == 2.0
     assert context.step_work(0, 1, 4, "naive") == 0.0
+
+
+def test_exercises_accept_the_answer_and_explain_the_usual_mistakes():
+    from helpers.exercises import check_experts_capacity, check_ring_bytes, check_ring_idle
+    assert check_experts_capacity(1280).right
+    assert not check_experts_capacity(1024).right
+    assert check_ring_bytes(context.ring_bytes(4, 1, 8, 8192, 128) / 1e6).right
+    assert "forward alone" in check_ring_bytes(3 * 2 * 8 * 2048 * 128 * 4 / 1e6).why
+    assert check_ring_idle(1 - 8 / 15).right
+    assert not check_ring_idle(0.875).right

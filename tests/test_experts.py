@@ -122,3 +122,16 @@ def test_bad_input_is_refused_before_any_process_starts(e, config, word):
 def test_bad_config_names_the_argument(field, value, word):
     with pytest.raises(ValueError, match=word):
         MOE.with_(**{field: value})
+
+
+@pytest.mark.parametrize("top_k, factor, skew, seed", [(1, 0.25, 0.0, 0), (2, 4.0, 3.0, 9)])
+def test_widget_callback_at_the_controls_extremes(top_k, factor, skew, seed):
+    import matplotlib
+    matplotlib.use("Agg")
+    from helpers.views.experts import CAPACITY_FACTORS, show_load, widget_experts
+    assert factor in CAPACITY_FACTORS
+    load = show_load(top_k, factor, skew, seed)
+    slots = MOE.tokens * top_k
+    assert sum(load.kept) + sum(load.dropped) == slots
+    assert max(load.kept) <= load.e * load.capacity
+    assert widget_experts() is not None

@@ -115,3 +115,16 @@ class Refuse:
 def test_bad_input_is_refused_before_any_process_starts(c, config, layout, word):
     with pytest.raises(ValueError, match=word):
         ra.run_ring_step(Refuse(), c, config, layout)
+
+
+def test_figures_draw(ranks):
+    import matplotlib
+    matplotlib.use("Agg")
+    from helpers.views.ring_attention import (ScalingPoint, plot_causal_split, plot_ring_scaling,
+                                              plot_ring_timeline)
+    steps = ranks.resize(2).run(ra.ring_step, SMALL, "naive")
+    assert plot_ring_timeline({"naive": steps}).axes
+    assert plot_causal_split(2).axes
+    points = [ScalingPoint(c, s, 0.01 * c, ra.formula_bytes(c, SMALL), ra.formula_bytes(c, SMALL))
+              for c in (1, 2) for s in (32, 64)]
+    assert plot_ring_scaling(points).axes
