@@ -10,7 +10,9 @@ router's formula (`helpers.cost.experts.moe_step_bytes`), and the slots dropped 
 Ring: forward + backward of ring attention (`helpers.parallel.ring_attention`) for c = 1, 2, 4 and
 each sequence length: the zig-zag split's median step, rank 0's bytes next to
 `helpers.cost.context.ring_bytes`, and the measured idle share (time ranks spend waiting for a
-neighbour) of the naive and the zig-zag split, measured in the same run, turn about. Also one
+neighbour) of the naive and the zig-zag split, measured in the same run, turn about; and the
+same in wait mode (blocks replaced by sleeps, so the ring's own schedule is timed whatever the
+load) next to `helpers.cost.context.ring_schedule_idle`. Also one
 ring step's parts at c = 2: a K/V hop alone, a block's attention alone, and both overlapped.
 On a machine with fewer cores than ranks the ranks take turns on the cores, and times say so.
 The last line is one JSON object.
@@ -21,6 +23,7 @@ import argparse
 import json
 import statistics
 
+from helpers.cost import context as cost_context
 from helpers.models import MOE
 from helpers.parallel import experts as ep
 from helpers.parallel import ring_attention as ra
@@ -84,6 +87,11 @@ def main(argv=None) -> dict:
                       f"(formula {row['formula_bytes']:,} B); idle share naive "
                       f"{row['idle_share_naive']:.2f}, zig-zag {row['idle_share_balanced']:.2f}")
                 out["ring"].append(row)
+        for c in (2, 4):   # the schedule alone: wait mode (sleeps for blocks) against its model
+            for layout in ("naive", "zigzag"):
+                steps = ranks.resize(c).run(ra.timed_ring_steps, ra.RingConfig(seq=64), layout, 2, 1, 0.02)
+                print(f"wait mode c={c} {layout}: idle share {ra.summarize(steps).idle_share:.2f}, "
+                      f"schedule model {cost_context.ring_schedule_idle(c, layout):.2f}")
         parts = ranks.resize(2).run(ra.ring_step_parts, rings[-1])[0]
         print(f"one ring step at c=2, s={rings[-1].seq}: K/V hop {parts.comm_s * 1e3:.2f} ms, "
               f"block attention {parts.compute_s * 1e3:.2f} ms, both overlapped "
