@@ -374,3 +374,52 @@ def check_bench_crossover(answer_bytes: float) -> Verdict:
         "(≈ 1.5 MiB): below it latency dominates, above it bandwidth.",
         ((alpha / beta, "α/β ignores the coefficients: the ring pays 6 α but only 1.5 n·β at p = 4."),),
         f"{answer_bytes:g} B is not it: solve a(p)·α = b(p)·n·β for n.")
+
+
+# --- notebook 09: experts and long context --------------------------------------------------
+
+def check_experts_capacity(answer: int) -> Verdict:
+    """Exercise: slots per expert for 4096 tokens, E = 8 experts, top-2, capacity factor 1.25."""
+    from helpers.cost.experts import capacity
+    expected = capacity(4096, 8, 2, 1.25)
+    balanced = 4096 * 2 // 8
+    why = f"⌈1.25 · 4096 · 2 / 8⌉ = ⌈1.25 · {balanced}⌉ = {expected}"
+    if answer == expected:
+        return Verdict(True, why + ": 25 % head-room over a balanced expert's 1024 slots.")
+    if answer == capacity(4096, 8, 1, 1.25):
+        return Verdict(False, "that is top-1: with k = 2 every token takes two slots.")
+    if answer == balanced:
+        return Verdict(False, "that is the balanced share; the capacity factor multiplies it.")
+    return Verdict(False, f"{answer} is not it: capacity = ⌈cf · tokens · k / E⌉ "
+                          "(helpers.cost.experts.capacity).")
+
+
+def check_ring_bytes(answer_mb: float) -> Verdict:
+    """Exercise: MB (10⁶ B) one rank sends in a forward + backward of ring attention, c = 4,
+    b = 1, 8 heads, s = 8192, head_dim 128, fp32."""
+    from helpers.cost.context import ring_bytes
+    expected = ring_bytes(4, 1, 8, 8192, 128) / 1e6
+    block = 2 * 1 * 8 * (8192 // 4) * 128 * 4 / 1e6
+    return numeric_verdict(
+        answer_mb, expected,
+        f"a K/V block is 2·b·heads·(s/c)·d·4 B = {block:.1f} MB; 3 hops forward, 3 of K/V and 4 "
+        f"of dK/dV backward: 10 blocks = {expected:.0f} MB.",
+        ((3 * block, "that is the forward alone; the backward sends K/V again and their gradients."),
+         (4 * block, "that is c blocks; the forward skips the last hop and the backward adds 2c − 1."),
+         (block * 10 / 2, "K and V are both in the block: 2 · b · heads · (s/c) · d numbers.")),
+        f"{answer_mb:g} MB is not it: count the hops of a 2·b·heads·(s/c)·d block "
+        "(helpers.cost.context.ring_bytes).")
+
+
+def check_ring_idle(answer: float) -> Verdict:
+    """Exercise: the share of time c = 8 ranks idle in causal ring attention with the naive
+    split, if every step runs at the slowest rank's pace."""
+    from helpers.cost.context import causal_work, idle_share
+    expected = idle_share(causal_work(8, "naive"))
+    return numeric_verdict(
+        answer, expected,
+        f"rank r works r + ½ blocks, the slowest 7.5, the mean 4: 1 − 4/7.5 = {expected:.3f} "
+        "(1 − c/(2c − 1)); the zig-zag split makes it 0.",
+        ((1 - 1 / 8, "that compares the first rank with the last; the mean rank works 4 blocks."),
+         (0.5, "close, but the diagonal block is half a block: 1 − 4/7.5.")),
+        f"{answer:g} is not it: 1 − mean/max of causal_work(8, 'naive').")

@@ -304,3 +304,211 @@ def transformer_flops(config: TransformerConfig = TRANSFORMER) -> TransformerFlo
     formula lives in `helpers.cost.parallel3d` (arithmetic only, no torch)."""
     return forward_flops(tokens=config.tokens, hidden=config.hidden, seq=config.seq,
                          vocab=config.vocab, layers=config.layers)
+
+
+# ----------------------------------------------------------------------------------------
+# Notebook 09's mixture-of-experts MLP: the one-process layer expert parallelism reproduces,
+# and `make_moe_transformer`, notebook 07's decoder with an MoE layer in every block.
+# ----------------------------------------------------------------------------------------
+#
+# A router (one Linear h → E) scores every token against E experts (each a FeedForward,
+# h → 4h → h); the token goes to its top-k experts and its output is their outputs weighted by
+# the router's probabilities (renormalised over the k chosen when k > 1, as GShard does).
+# An expert takes at most `capacity` token slots per group of tokens (Switch Transformer's
+# capacity factor); the slots beyond it are *dropped*: that expert contributes nothing to the
+# token (in a transformer block the residual connection still carries it). The queue is
+# GShard's: every token's first choice before any second choice, tokens in order within one.
+# `groups` cuts the tokens into groups with a capacity each (GShard's G): an expert-parallel
+# rank routes its own tokens with its own capacity, so the one-process layer with groups = e
+# makes exactly the same choices as e ranks.
+from helpers.checks import check_number  # noqa: E402
+from helpers.cost.experts import capacity as expert_capacity  # noqa: E402
+
+
+@dataclass(frozen=True)
+class MoEConfig:
+    """Sizes and router settings of notebook 09's mixture-of-experts MLP."""
+    hidden: int = 64               # h: a token's width
+    experts: int = 4               # E
+    top_k: int = 1                 # k: experts per token (1: Switch, 2: GShard)
+    capacity_factor: float = 1.25  # capacity = ⌈cf · tokens·k / E⌉ per group
+    tokens: int = 256              # n: tokens of the full batch (`make_moe_batch`)
+    groups: int = 1                # capacity groups (an expert-parallel run: e)
+    skew: float = 0.0              # router bias −skew·i on expert i: 0 fair, larger favours expert 0
+    aux_weight: float = 0.01       # weight of the load-balancing loss in `moe_loss`
+    seed: int = 0                  # weights use it; the batch uses seed + 1
+
+    def __post_init__(self):
+        for name in ("hidden", "experts", "tokens", "groups"):
+            check_int(name, getattr(self, name))
+        check_int("top_k", self.top_k, 1, min(2, self.experts))
+        check_number("capacity_factor", self.capacity_factor, 0, low_inclusive=False)
+        check_number("skew", self.skew, 0, 10)
+        check_number("aux_weight", self.aux_weight, 0)
+        check_int("seed", self.seed, low=0)
+        check_divisible("tokens", self.tokens, self.groups, "every capacity group gets as many tokens")
+
+    def with_(self, **changes) -> "MoEConfig":
+        """A copy with some fields changed (validated like the original)."""
+        return replace(self, **changes)
+
+    @property
+    def capacity(self) -> int:
+        """Token slots one expert takes from one group."""
+        return expert_capacity(self.tokens // self.groups, self.experts, self.top_k,
+                               self.capacity_factor)
+
+
+MOE = MoEConfig()
+
+
+class Routing(NamedTuple):
+    """The router's decisions for one group of n tokens (k = top-k, E experts)."""
+    expert: torch.Tensor     # (n, k) chosen experts, best first
+    gate: torch.Tensor       # (n, k) their weights (differentiable)
+    keep: torch.Tensor       # (n, k) bool: the slot fits in its expert's capacity
+    load: torch.Tensor       # (E,) slots that chose each expert, drops included
+    aux_loss: torch.Tensor   # E · Σ_i f_i · P_i (differentiable through P)
+
+
+def route(logits: torch.Tensor, top_k: int, capacity: int) -> Routing:
+    """Top-k routing of one group's (n, E) router logits with a capacity per expert.
+
+    The load-balancing loss (Switch Transformer, GShard): f_i is the share of the n·k slots
+    that chose expert i, P_i the mean router probability of i; E · Σ f_i P_i is 1 when both
+    are uniform and grows as the router piles tokens onto few experts. f has no gradient
+    (an argmax), P does: the loss pushes probability away from the crowded experts.
+    """
+    n, experts = logits.shape
+    probs = logits.softmax(dim=-1)
+    gate, expert = probs.topk(top_k, dim=-1)
+    if top_k > 1:
+        gate = gate / gate.sum(dim=-1, keepdim=True)
+    # Queue position of every slot in its expert: slot-major (all first choices, then seconds).
+    chosen = nn.functional.one_hot(expert.T.reshape(-1), experts)     # (k·n, E)
+    position = ((chosen.cumsum(0) - 1) * chosen).sum(-1).view(top_k, n).T
+    load = chosen.sum(0)
+    share = load.to(probs.dtype) / (n * top_k)
+    aux_loss = experts * (share * probs.mean(0)).sum()
+    return Routing(expert, gate, position < capacity, load, aux_loss)
+
+
+class Slots(NamedTuple):
+    """The kept slots of one group, sorted by expert (token order within an expert): the
+    order rows are sent to the experts in, on one process and across ranks alike."""
+    token: torch.Tensor   # (m,) token index in the group
+    expert: torch.Tensor  # (m,) its expert
+    gate: torch.Tensor    # (m,) its weight
+
+
+def kept_slots(routing: Routing) -> Slots:
+    k = routing.expert.shape[1]
+    flat = routing.keep.reshape(-1).nonzero().squeeze(1)            # token-major
+    experts = routing.expert.reshape(-1)[flat]
+    order = torch.sort(experts, stable=True).indices
+    flat = flat[order]
+    return Slots(flat // k, experts[order], routing.gate.reshape(-1)[flat])
+
+
+@dataclass(frozen=True)
+class MoEStats:
+    """What the last forward's router did, per capacity group (plain ints: picklable)."""
+    load: tuple[tuple[int, ...], ...]   # [group][expert] slots that chose it
+    kept: tuple[tuple[int, ...], ...]   # [group][expert] slots it took (≤ capacity)
+    capacity: int
+
+    @property
+    def dropped(self) -> int:
+        return sum(map(sum, self.load)) - sum(map(sum, self.kept))
+
+
+def stats_of(routings: list[Routing], capacity: int) -> MoEStats:
+    experts = routings[0].load.numel()
+
+    def kept(r):
+        return torch.bincount(r.expert[r.keep], minlength=experts)
+
+    return MoEStats(tuple(tuple(r.load.tolist()) for r in routings),
+                    tuple(tuple(kept(r).tolist()) for r in routings), capacity)
+
+
+class MoE(nn.Module):
+    """Router + E experts (each a FeedForward), one process. (…, h) in, (…, h) out.
+
+    After each forward, `aux_loss` holds the load-balancing loss (mean over groups) and
+    `stats` the router's loads and drops.
+    """
+
+    def __init__(self, config: MoEConfig = MOE):
+        super().__init__()
+        self.config = config
+        h, experts = config.hidden, config.experts
+        generator = torch.Generator().manual_seed(config.seed)
+        self.router = nn.Linear(h, experts, bias=False)
+        width = TransformerConfig(hidden=h, heads=1)   # FeedForward's sizes: h → 4h → h
+        self.experts = nn.ModuleList(FeedForward(width) for _ in range(experts))
+        with torch.no_grad():
+            for param in self.parameters():
+                param.copy_(torch.randn(param.shape, generator=generator) / math.sqrt(param.shape[1]))
+        self.register_buffer("router_bias", -config.skew * torch.arange(experts, dtype=torch.float32),
+                             persistent=False)
+        self.aux_loss: torch.Tensor | None = None
+        self.stats: MoEStats | None = None
+
+    def route_groups(self, x: torch.Tensor, groups: int) -> list[Routing]:
+        """Route (n, h) tokens cut into `groups` equal groups, each with its own capacity."""
+        c = self.config
+        check_divisible("tokens", x.shape[0], groups, "every capacity group gets as many tokens")
+        capacity = expert_capacity(x.shape[0] // groups, c.experts, c.top_k, c.capacity_factor)
+        logits = self.router(x) + self.router_bias
+        routings = [route(part, c.top_k, capacity) for part in logits.chunk(groups)]
+        self.aux_loss = torch.stack([r.aux_loss for r in routings]).mean()
+        self.stats = stats_of(routings, capacity)
+        return routings
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape, x = x.shape, x.reshape(-1, x.shape[-1])
+        groups = self.config.groups
+        slots = [kept_slots(r) for r in self.route_groups(x, groups)]
+        size = x.shape[0] // groups
+        token = torch.cat([s.token + g * size for g, s in enumerate(slots)])
+        expert = torch.cat([s.expert for s in slots])
+        gate = torch.cat([s.gate for s in slots])
+        y = torch.zeros_like(x)
+        for i, ffn in enumerate(self.experts):
+            mine = expert == i
+            rows = token[mine]
+            y = y.index_add(0, rows, gate[mine, None] * ffn(x[rows]))
+        return y.view(shape)
+
+
+def make_moe_batch(config: MoEConfig = MOE) -> torch.Tensor:
+    """The full batch of token vectors, (n, h); identical in every process."""
+    generator = torch.Generator().manual_seed(config.seed + 1)
+    return torch.randn(config.tokens, config.hidden, generator=generator)
+
+
+def moe_loss(output: torch.Tensor, aux_loss: torch.Tensor, config: MoEConfig = MOE,
+             numel: int | None = None, share: float = 1.0) -> torch.Tensor:
+    """The lecture's mean squared output plus `aux_weight` × the load-balancing loss.
+
+    A rank holding part of the output passes the full output's `numel` and its `share` of the
+    auxiliary loss (1/e when each of e ranks holds one group's): the pieces add up."""
+    return mlp_loss(output, numel) + config.aux_weight * share * aux_loss
+
+
+def make_moe_transformer(config: TransformerConfig = TRANSFORMER, moe: MoEConfig = MOE) -> nn.Module:
+    """Notebook 07's decoder with every block's MLP replaced by an MoE layer of width h
+    (`moe.experts`, `moe.top_k`, `moe.capacity_factor`, `moe.groups` capacity groups of whole
+    sequences — e for a run on e expert-parallel ranks; block j's seeded config.seed + j).
+    Train it with `moe_transformer_loss`."""
+    model = make_transformer(config)
+    for j, block in enumerate(model.blocks):
+        block.mlp = MoE(moe.with_(hidden=config.hidden, tokens=config.tokens, seed=config.seed + j))
+    return model
+
+
+def moe_transformer_loss(model: nn.Module, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """`lm_loss` plus each MoE block's `aux_weight` × its last load-balancing loss."""
+    return lm_loss(logits, targets) + sum(block.mlp.config.aux_weight * block.mlp.aux_loss
+                                          for block in model.blocks)

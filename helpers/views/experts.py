@@ -1,0 +1,73 @@
+"""Notebook 09's expert pictures: the per-expert, per-rank token load of a router, kept and
+dropped, and the widget that moves the router (top-k, capacity factor, skew, seed). `plot_*`
+returns a Figure, `widget_*` a widget; `show_load` is the widget's callback."""
+from __future__ import annotations
+
+import ipywidgets as w
+from IPython.display import display
+from matplotlib.figure import Figure
+
+from helpers.models import MOE, MoEConfig
+from helpers.parallel.experts import RouterLoad, router_load
+
+CAPACITY_FACTORS = (0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 2.0, 3.0, 4.0)
+
+
+def plot_token_load(load: RouterLoad, title: str = "") -> Figure:
+    """Token slots per expert: kept (coloured by the rank that holds the expert) and dropped
+    (hatched, above); the dashed line is what an expert can take (e groups × capacity)."""
+    fig = Figure(figsize=(7.5, 3.4), layout="constrained")
+    ax = fig.subplots()
+    experts = len(load.kept)
+    local = experts // load.e
+    colors = [f"C{i // local}" for i in range(experts)]
+    ax.bar(range(experts), load.kept, color=colors, label="kept (colour: the rank holding the expert)")
+    ax.bar(range(experts), load.dropped, bottom=load.kept, color="white", edgecolor="C3",
+           hatch="//", label="dropped")
+    limit = load.e * load.capacity
+    ax.axhline(limit, color="0.3", ls="--", lw=1, label=f"capacity {load.e} × {load.capacity}")
+    ax.set_xticks(range(experts), [f"expert {i}\nrank {i // local}" for i in range(experts)],
+                  fontsize=8)
+    ax.set(ylabel="token slots", ylim=(0, max(limit, max(a + b for a, b in zip(load.kept, load.dropped))) * 1.25))
+    per_rank = ", ".join(str(n) for n in load.per_rank)
+    ax.set_title(title or f"rows per rank {per_rank}; dropped {sum(load.dropped)}; "
+                 f"aux loss {load.aux_loss:.3f}", fontsize=9)
+    ax.legend(fontsize=8, loc="upper right")
+    return fig
+
+
+def show_load(top_k: int, capacity_factor: float, skew: float, seed: int, e: int = 4,
+              config: MoEConfig = MOE) -> RouterLoad:
+    """The widget's callback: route with these settings, display the picture, say what it shows."""
+    load = router_load(config.with_(top_k=top_k, capacity_factor=capacity_factor, skew=skew,
+                                    seed=seed), e)
+    display(plot_token_load(load))
+    slots = sum(load.kept) + sum(load.dropped)
+    busiest = max(load.per_rank)
+    print(f"{slots} token slots; {sum(load.dropped)} dropped ({sum(load.dropped) / slots:.0%}); "
+          f"the busiest rank computes {busiest} rows, {busiest / (sum(load.kept) / e):.2f}× the mean")
+    return load
+
+
+def widget_experts(e: int = 4, config: MoEConfig = MOE) -> w.VBox:
+    """Top-k, capacity factor, router skew and seed; acts on release, redraws into its Output."""
+    common = dict(continuous_update=False, style={"description_width": "initial"},
+                  layout=w.Layout(width="520px"))
+    top_k = w.ToggleButtons(options=[("top-1", 1), ("top-2", 2)], value=config.top_k,
+                            description="experts per token (k)", style={"description_width": "initial"})
+    factor = w.SelectionSlider(options=CAPACITY_FACTORS, value=1.25,
+                               description="capacity factor (× balanced share)", **common)
+    skew = w.FloatSlider(value=0.0, min=0.0, max=3.0, step=0.25,
+                         description="router skew toward expert 0 (logit per expert)", **common)
+    seed = w.IntSlider(value=config.seed, min=0, max=9, description="router seed", **common)
+    out = w.Output()
+
+    def redraw(_=None):
+        with out:
+            out.clear_output(wait=True)
+            show_load(top_k.value, factor.value, skew.value, seed.value, e, config)
+
+    for control in (top_k, factor, skew, seed):
+        control.observe(redraw, names="value")
+    redraw()
+    return w.VBox([top_k, factor, skew, seed, out])

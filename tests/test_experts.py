@@ -1,0 +1,137 @@
+"""Expert parallelism (notebook 09): the MoE layer on e ranks against the one-process layer.
+
+Loss, outputs and every gradient (router, each expert, the input) for e = 2 and 4, top-1 and
+top-2, with tokens dropped; bytes counted against the routing; the decoder with expert-parallel
+MLPs; bad input refused in the parent.
+"""
+import pytest
+import torch
+
+from helpers.cost.experts import sent_bytes
+from helpers.models import (MOE, TRANSFORMER, MoE, make_moe_batch, make_moe_transformer,
+                            make_tokens, moe_loss, moe_transformer_loss, route)
+from helpers.parallel import experts as ep
+from helpers.ranks import LiveRanks
+
+DROPPING = MOE.with_(tokens=128, capacity_factor=1.0)   # tight: some slots are dropped
+
+
+@pytest.fixture(scope="module")
+def ranks():
+    with LiveRanks(4, backend="gloo", timeout=60) as live:
+        yield live
+
+
+def test_moe_decoder_expert_parallel_matches_one_process(ranks):
+    config = TRANSFORMER.with_(layers=2, seq=16, batch=4, hidden=64)
+    moe = MOE.with_(groups=2, capacity_factor=1.0)
+    results = ranks.resize(2).run(ep.ep_transformer_step, config, moe)
+    model = make_moe_transformer(config, moe)
+    tokens = make_tokens(config)
+    loss = moe_transformer_loss(model, model(tokens.inputs), tokens.targets)
+    loss.backward()
+    assert results[0].loss == pytest.approx(loss.item(), abs=1e-5)
+    params = dict(model.named_parameters())
+    for result in results:
+        for name, grad in result.grads.items():
+            torch.testing.assert_close(grad, params[name].grad, atol=1e-5, rtol=1e-4, msg=name)
+    held = {n for r in results for n in r.grads}
+    assert held == set(params)   # every parameter, each expert on one rank
+
+
+# Ordered so that the live ranks change size as rarely as possible (starting one costs seconds).
+@pytest.mark.parametrize("e, top_k", [(2, 1), (2, 2), (4, 2), (4, 1)])
+def test_expert_parallel_matches_one_process(ranks, e, top_k):
+    config = DROPPING.with_(top_k=top_k)
+    steps = ep.run_ep_step(ranks, e, config)
+    reference = ep.reference_step(config.with_(groups=e))
+    assert reference.stats.dropped > 0
+    assert sum(s.stats.dropped for s in steps) == reference.stats.dropped
+    assert ep.compare(steps, reference) < 1e-5
+    # every expert's gradient came from exactly one rank
+    names = [n for s in steps for n in s.grads if ".up." in n]
+    assert sorted(names) == sorted(n for n in reference.grads if ".up." in n)
+    # bytes: the kept rows that leave the rank, counted from the one-process routing
+    kept = reference.stats.kept        # [group = source rank][expert]
+    local, row = config.experts // e, config.hidden * 4
+    to = [[sum(kept[src][dst * local:(dst + 1) * local]) for dst in range(e)] for src in range(e)]
+    for r, step in enumerate(steps):
+        out = sent_bytes(to[r], r, row)                          # dispatch, and its gradient back
+        back = sent_bytes([to[j][r] for j in range(e)], r, row)  # combine, and its gradient
+        assert step.sent_bytes == 2 * (out + back)
+        assert step.count_bytes == (e - 1) * local * 8
+
+
+def test_one_rank_is_the_one_process_layer(ranks):
+    steps = ep.run_ep_step(ranks, 1, DROPPING)
+    assert ep.compare(steps, ep.reference_step(DROPPING)) == 0
+    assert steps[0].sent_bytes == 0
+
+
+def test_routing_counts_drops_and_balances():
+    logits = torch.tensor([[2.0, 0.0], [3.0, 0.0], [1.0, 0.0], [0.0, 1.0]])
+    routing = route(logits, top_k=1, capacity=2)
+    assert routing.expert.squeeze(1).tolist() == [0, 0, 0, 1]
+    assert routing.keep.squeeze(1).tolist() == [True, True, False, True]   # third to expert 0 dropped
+    assert routing.load.tolist() == [3, 1]
+    uniform = route(torch.zeros(8, 4), top_k=1, capacity=8)
+    # all to expert 0 (ties), P uniform: E · (1 · 1/4) = 1
+    assert uniform.aux_loss.item() == pytest.approx(1.0)
+
+
+def test_top2_gates_sum_to_one_and_second_choices_queue_last():
+    layer = MoE(MOE.with_(top_k=2, capacity_factor=0.5))
+    routing = layer.route_groups(make_moe_batch(MOE), 1)[0]
+    torch.testing.assert_close(routing.gate.sum(-1), torch.ones(MOE.tokens))
+    # with a tight capacity first choices are kept at least as often as second ones
+    assert routing.keep[:, 0].sum() >= routing.keep[:, 1].sum()
+
+
+def test_skew_piles_tokens_on_expert_zero_and_raises_the_aux_loss():
+    fair, skewed = MoE(MOE), MoE(MOE.with_(skew=3.0))
+    x = make_moe_batch(MOE)
+    y0, y1 = fair(x), skewed(x)
+    assert skewed.stats.load[0][0] > fair.stats.load[0][0]
+    assert skewed.aux_loss > fair.aux_loss
+    assert skewed.stats.dropped > fair.stats.dropped
+    assert moe_loss(y1, skewed.aux_loss, MOE) > 0
+
+
+class Refuse:
+    """A stand-in for LiveRanks that fails if anything tries to start a process."""
+    def resize(self, n):
+        raise AssertionError("a process was started")
+
+
+@pytest.mark.parametrize("e, config, word", [
+    (3, MOE, "experts"),
+    (0, MOE, "e must be"),
+    (4, MOE.with_(tokens=130, experts=4), "tokens"),
+])
+def test_bad_input_is_refused_before_any_process_starts(e, config, word):
+    with pytest.raises((ValueError, TypeError), match=word):
+        ep.run_ep_step(Refuse(), e, config)
+
+
+@pytest.mark.parametrize("field, value, word", [
+    ("top_k", 3, "top_k must be between 1 and 2"),
+    ("capacity_factor", 0, "capacity_factor"),
+    ("groups", 3, "tokens must be a multiple of 3"),
+    ("skew", -1.0, "skew"),
+])
+def test_bad_config_names_the_argument(field, value, word):
+    with pytest.raises(ValueError, match=word):
+        MOE.with_(**{field: value})
+
+
+@pytest.mark.parametrize("top_k, factor, skew, seed", [(1, 0.25, 0.0, 0), (2, 4.0, 3.0, 9)])
+def test_widget_callback_at_the_controls_extremes(top_k, factor, skew, seed):
+    import matplotlib
+    matplotlib.use("Agg")
+    from helpers.views.experts import CAPACITY_FACTORS, show_load, widget_experts
+    assert factor in CAPACITY_FACTORS
+    load = show_load(top_k, factor, skew, seed)
+    slots = MOE.tokens * top_k
+    assert sum(load.kept) + sum(load.dropped) == slots
+    assert max(load.kept) <= load.e * load.capacity
+    assert widget_experts() is not None
