@@ -2,7 +2,7 @@
 
     ranks.py, run.py   launching ranks: live process groups from a notebook; the same functions under torchrun
     parallel3d_run.py  notebook 07's 3-D training step under torchrun
-    models.py          the course's models (the lecture's MLP, MLPConfig; a small GPT for notebook 07) and losses
+    models.py          the course's models: the lecture's MLP (MLPConfig), 07's small GPT, 09's MoE; losses
     checks.py          argument checks with one wording, run before any process starts
     exercises.py       the notebooks' checked exercises: check_* says right or wrong, and why
     parallel/          rank-side building blocks, each on any process group (group=None: the world)
@@ -12,10 +12,12 @@
         pp.py            pipelines on live ranks (05)        schedules.py  GPipe / 1F1B / interleaved plans
         mesh.py          the (d, t, p) mesh of notebook 07      tp_transformer.py  attention heads split over t
         parallel3d.py    DP × TP × PP on the transformer (07)   layouts.py  calibrating and timing layouts (07)
+        experts.py       expert parallelism: MoE over all-to-all (09)   ring_attention.py  context parallelism (09)
     cost/              pure arithmetic, no torch, no processes
         alpha_beta.py    the one α–β model of a collective, and its fit   tp.py   when tensor parallelism pays
         memory.py        ZeRO memory per rank     bubble.py   the pipeline bubble     roofline.py   the roofline
         parallel3d.py    a 3-D layout's step time from calibrated equations (07)
+        experts.py       expert capacity, all-to-all bytes    context.py  ring bytes, causal work per rank, ring idle (09)
     hardware.py        GPU records (notebook 00 and the simulator share them); hierarchy.py their table
     timing.py, bench.py, roofline.py   measuring: one measurement line, collectives timed, this machine's roofs
     simulator/         Epoch AI's training-cost model (notebook 06) and its command line
