@@ -304,3 +304,23 @@ def transformer_flops(config: TransformerConfig = TRANSFORMER) -> TransformerFlo
     formula lives in `helpers.cost.parallel3d` (arithmetic only, no torch)."""
     return forward_flops(tokens=config.tokens, hidden=config.hidden, seq=config.seq,
                          vocab=config.vocab, layers=config.layers)
+
+
+# ----------------------------------------------------------------------------------------
+# Notebook 08: activation checkpointing per block.
+# ----------------------------------------------------------------------------------------
+from torch.utils.checkpoint import checkpoint  # noqa: E402
+
+
+def transformer_forward(model: Transformer, ids: torch.Tensor,
+                        checkpointed: bool = False) -> torch.Tensor:
+    """`model(ids)`, or with `checkpointed` each block under `torch.utils.checkpoint`
+    (non-reentrant): a block keeps only its input for backward and runs its forward again
+    there, so activation memory drops from every block's intermediates to one input per block
+    (plus one block's intermediates while it is recomputed)."""
+    if not checkpointed:
+        return model(ids)
+    x = model.embed(ids)
+    for block in model.blocks:
+        x = checkpoint(block, x, use_reentrant=False)
+    return model.head(x)
