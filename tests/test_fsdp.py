@@ -9,15 +9,7 @@ from helpers.models import lm_loss, make_tokens, make_transformer
 from helpers.parallel import memory_run as mr
 from helpers.parallel.fsdp import FSDP
 from helpers.parallel.groups import split_groups
-from helpers.ranks import LiveRanks
-
-PAIRS = [[0, 1], [2, 3]]
-
-
-@pytest.fixture(scope="module")
-def ranks():
-    with LiveRanks(4, backend="gloo") as live:
-        yield live
+from tests.test_zero2 import PAIRS, ranks  # noqa: F401  (the fixture: 4 live ranks per module)
 
 
 @pytest.fixture(scope="module")

@@ -22,6 +22,7 @@ from typing import Iterable
 import torch
 from torch.profiler import ProfilerActivity, profile
 
+from helpers.cost.memory import ZeroMemory
 from helpers.parallel.groups import fd2_muted
 
 
@@ -43,21 +44,10 @@ def _pointers(tensors: Iterable[torch.Tensor]) -> set[int]:
     return {t.untyped_storage().data_ptr() for t in tensors if t.untyped_storage().nbytes()}
 
 
-@dataclass(frozen=True)
-class StateBytes:
-    """Bytes one rank holds, by kind (each storage counted once, in the first kind it is in)."""
-    params: int
-    grads: int
-    optimizer: int
-
-    @property
-    def total(self) -> int:
-        return self.params + self.grads + self.optimizer
-
-
-def state_bytes(params: Iterable[torch.Tensor], optimizer: torch.optim.Optimizer) -> StateBytes:
+def state_bytes(params: Iterable[torch.Tensor], optimizer: torch.optim.Optimizer) -> ZeroMemory:
     """Parameters (`params` and whatever the optimizer steps), their `.grad`s, and every
-    tensor in the optimizer's state (AdamW: exp_avg, exp_avg_sq and a 4-byte `step`)."""
+    tensor in the optimizer's state (AdamW: exp_avg, exp_avg_sq and a 4-byte `step`), in the
+    formula's own structure; a storage counts once, in the first of the three it is in."""
     stepped = [p for group in optimizer.param_groups for p in group["params"]]
     tensors = list(params) + stepped
     grads = [p.grad for p in tensors if p.grad is not None]
@@ -65,7 +55,7 @@ def state_bytes(params: Iterable[torch.Tensor], optimizer: torch.optim.Optimizer
                if isinstance(v, torch.Tensor)]
     param_bytes = storage_bytes(tensors)
     grad_bytes = storage_bytes(grads, skip=_pointers(tensors))
-    return StateBytes(param_bytes, grad_bytes,
+    return ZeroMemory(param_bytes, grad_bytes,
                       storage_bytes(moments, skip=_pointers(tensors) | _pointers(grads)))
 
 

@@ -10,6 +10,7 @@ training under PyTorch's FSDP2 (`torch.distributed.fsdp.fully_shard`).
 from __future__ import annotations
 
 import contextlib
+import statistics
 import time
 from dataclasses import dataclass, field
 
@@ -19,16 +20,15 @@ from torch.profiler import record_function
 
 from helpers.checks import check_choice, check_divisible, check_int
 from helpers.cost.alpha_beta import OPS
-from helpers.cost.memory import FP32_RUN, MIXED_RUN, STAGES, comm_volume, zero_memory_for
+from helpers.cost.memory import (FP32_RUN, MIXED_RUN, STAGES, ZeroMemory, comm_volume,
+                                 zero_memory_for)
 from helpers.models import (TransformerConfig, lm_loss, make_tokens, make_transformer,
                             transformer_forward)
 from helpers.parallel.dp import shard
 from helpers.parallel.fsdp import FSDP
 from helpers.parallel.groups import group_rank, group_size
-from helpers.parallel.memory import (CommLog, PeakMemory, Phase, SavedActivations, StateBytes,
-                                     state_bytes)
+from helpers.parallel.memory import CommLog, PeakMemory, Phase, SavedActivations, state_bytes
 from helpers.parallel.zero import ZeroDP
-from helpers.timing import measure
 
 # Notebook 08's model: notebook 07's decoder, small enough that 4 ranks train it on 2 cores
 # in a fraction of a second per step (Ψ = 464,128).
@@ -57,7 +57,7 @@ class StageRun:
     d: int
     losses: list[float]                            # this rank's loss, every step
     params: dict[str, torch.Tensor] = field(repr=False)  # whole, after training
-    state: StateBytes | None = None                # after the last step, before zero_grad
+    state: ZeroMemory | None = None                # after the last step, before zero_grad
     activations: int = 0                           # saved for backward by the last forward
     peak_bytes: int = 0                            # the last step's, from the profiler
     peak_curve: list[tuple[float, int]] = field(default_factory=list, repr=False)
@@ -84,10 +84,6 @@ def wrap(stage: int, model, group=None, log: CommLog | None = None, prefetch: bo
     return ZeroDP(model, stage, cls, group=group, log=log, **kwargs)
 
 
-def _barrier(group) -> None:
-    dist.barrier(group=group)
-
-
 def train_stage(rank: int, world_size: int, stage: int, steps: int = 3,
                 config: TransformerConfig = SMALL, prefetch: bool = False, measure_last=True,
                 optimizer: str = "adamw", group=None) -> StageRun:
@@ -105,7 +101,7 @@ def train_stage(rank: int, world_size: int, stage: int, steps: int = 3,
         log.clear()
         start = state_bytes(model.parameters(), model.optimizer).total
         saved = SavedActivations()
-        _barrier(group)
+        dist.barrier(group=group)
         t0 = time.perf_counter()
         with PeakMemory(start) if measured else contextlib.nullcontext() as peak:
             with saved if measured else contextlib.nullcontext(), record_function("forward"):
@@ -114,7 +110,7 @@ def train_stage(rank: int, world_size: int, stage: int, steps: int = 3,
                 loss.backward()
             with record_function("optimizer step"):
                 model.step()
-        _barrier(group)
+        dist.barrier(group=group)
         if not measured:
             run.step_s.append(time.perf_counter() - t0)
         else:
@@ -168,11 +164,11 @@ def train_torch_fsdp(rank: int, world_size: int, steps: int = 3,
     ids, targets = shard(tokens.inputs, r, d), shard(tokens.targets, r, d)
     run = TorchRun({})
     for _ in range(steps):
-        _barrier(group)
+        dist.barrier(group=group)
         t0 = time.perf_counter()
         lm_loss(model(ids), targets).backward()
         optimizer.step()
-        _barrier(group)
+        dist.barrier(group=group)
         run.step_s.append(time.perf_counter() - t0)
         optimizer.zero_grad()
     run.params = {n: p.full_tensor().detach().clone() for n, p in model.named_parameters()}
@@ -281,30 +277,36 @@ class CheckpointRun:
 
 
 def checkpointing(config: TransformerConfig = SMALL, repeat: int = 5) -> list[CheckpointRun]:
-    """Measure saved bytes and time of a forward and a forward + backward, without and with
-    `torch.utils.checkpoint` per block; same model, same batch (gradients equal)."""
+    """Saved bytes, and medians of a forward and of a forward + backward, without and with
+    `torch.utils.checkpoint` per block; same model, same batch (gradients equal). The two take
+    turns, `repeat` times, so that a shared machine's changing load hits both alike."""
     check_int("repeat", repeat)
     model = make_transformer(config)
     tokens = make_tokens(config)
-    runs = []
+
+    def forward(checkpointed: bool):
+        return lm_loss(transformer_forward(model, tokens.inputs, checkpointed), tokens.targets)
+
+    saved, grads, times = {}, {}, {False: ([], []), True: ([], [])}
     for checkpointed in (False, True):
-        def forward():
-            return lm_loss(transformer_forward(model, tokens.inputs, checkpointed),
-                           tokens.targets)
-
-        def step():
-            forward().backward()
-
-        with SavedActivations() as saved:
-            loss = forward()
+        with SavedActivations() as held:
+            loss = forward(checkpointed)
         loss.backward()
-        grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+        saved[checkpointed] = held.bytes
+        grads[checkpointed] = {n: p.grad.clone() for n, p in model.named_parameters()}
         model.zero_grad()
-        fwd = measure(forward, "forward", repeat=repeat)
-        full = measure(lambda: (step(), model.zero_grad()), "step", repeat=repeat)
-        runs.append(CheckpointRun(checkpointed, saved.bytes, fwd.median, full.median, grads))
-    return runs
-
+    for _ in range(repeat):
+        for checkpointed in (False, True):
+            forwards, steps = times[checkpointed]
+            t0 = time.perf_counter()
+            loss = forward(checkpointed)
+            t1 = time.perf_counter()
+            loss.backward()
+            steps.append(time.perf_counter() - t0)
+            forwards.append(t1 - t0)
+            model.zero_grad()
+    return [CheckpointRun(c, saved[c], statistics.median(times[c][0]),
+                          statistics.median(times[c][1]), grads[c]) for c in (False, True)]
 
 
 def peak_table(results: list[StageResult], d: int) -> str:

@@ -10,10 +10,11 @@ from IPython.display import display
 from matplotlib.figure import Figure
 
 from helpers.checks import check_choice
-from helpers.cost.memory import (FP32_RUN, PRECISIONS, STAGES, ModelPreset, plan_memory,
-                                 preset)
+from helpers.cost.memory import (FP32_RUN, PRECISIONS, STAGES, ModelPreset, PlannedMemory,
+                                 plan_memory, preset)
 from helpers.models import TRANSFORMER, TransformerConfig
 from helpers.parallel.memory_run import SMALL, StageResult
+from helpers.views.dp import human_bytes
 
 PARTS = ("params", "grads", "optimizer", "activations")
 COLOURS = {"params": "#3182bd", "grads": "#e6550d", "optimizer": "#31a354",
@@ -110,31 +111,20 @@ class MeasuredPoint:
     stage: int
     d: int
     checkpointed: bool
-    state_bytes: int
-    activation_bytes: int
-
-    @property
-    def total(self) -> int:
-        return self.state_bytes + self.activation_bytes
+    held: PlannedMemory
 
 
 def measured_points(results: list[StageResult], checkpointed_activations: int | None = None
                     ) -> list[MeasuredPoint]:
     """Points from run_stages; with `checkpointed_activations` (one process on the whole
     batch, d = 1) also the checkpointed points at d = 1."""
-    points = [MeasuredPoint(r.stage, r.d, False, r.run.state.total, r.run.activations)
+    points = [MeasuredPoint(r.stage, r.d, False, PlannedMemory(r.run.state, r.run.activations))
               for r in results]
     if checkpointed_activations is not None:
-        points += [MeasuredPoint(r.stage, 1, True, r.run.state.total, checkpointed_activations)
+        points += [MeasuredPoint(r.stage, 1, True,
+                                 PlannedMemory(r.run.state, checkpointed_activations))
                    for r in results if r.d == 1]
     return points
-
-
-def human(n: float) -> str:
-    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if n >= scale:
-            return f"{n / scale:.3g} {unit}"
-    return f"{n:.3g} B"
 
 
 def planner_figure(model: str, d: int, stage: int, checkpointed: bool, precision: str,
@@ -156,12 +146,12 @@ def planner_figure(model: str, d: int, stage: int, checkpointed: bool, precision
         top = _stack(ax, s, {"params": plan.state.params, "grads": plan.state.grads,
                              "optimizer": plan.state.optimizer,
                              "activations": plan.activations}, highlight=s == stage, scale=scale)
-        ax.annotate(human(plan.total), (s, top), ha="center", va="bottom", fontsize=8,
+        ax.annotate(human_bytes(plan.total), (s, top), ha="center", va="bottom", fontsize=8,
                     xytext=(0, 2), textcoords="offset points")
     shown = [p for p in measured if model == MEASURED_MODEL and precision == FP32_RUN
              and p.d == d and p.checkpointed == checkpointed]
     if shown:
-        ax.plot([p.stage for p in shown], [p.total / scale for p in shown], "D", color="black",
+        ax.plot([p.stage for p in shown], [p.held.total / scale for p in shown], "D", color="black",
                 label="measured on this machine (rank 0)")
         ax.legend(fontsize=8, loc="upper right")
     ax.set_xticks(list(STAGES), [f"{s}: {name}" for s, name in STAGES.items()], fontsize=8)
