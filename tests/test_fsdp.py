@@ -17,12 +17,13 @@ def reference():
     return mr.train_reference(3)
 
 
-@pytest.mark.parametrize("prefetch", [False, True])
-def test_fsdp_trains_like_one_process(ranks, prefetch):
-    results = {r.d: r for r in mr.run_stages(ranks, stages=(3,), degrees=(1, 2, 4),
+@pytest.mark.parametrize("prefetch,degrees", [(False, (1, 2, 4)), (True, (4,))])
+def test_fsdp_trains_like_one_process(ranks, prefetch, degrees):
+    results = {r.d: r for r in mr.run_stages(ranks, stages=(3,), degrees=degrees,
                                              prefetch=prefetch)}
-    assert results[1].bit_identical
-    for d in (2, 4):
+    if 1 in results:
+        assert results[1].bit_identical
+    for d in set(degrees) - {1}:
         assert results[d].max_diff < 1e-5
         runs = results[d].ranks
         assert all(torch.equal(run.params[n], runs[0].params[n])

@@ -65,12 +65,12 @@ def test_comm_log_counts_elements_times_itemsize():
 
 @pytest.fixture(scope="module")
 def results():
-    with LiveRanks(4, backend="gloo") as live:
-        return mr.run_stages(live, degrees=(2, 4), steps=1)
+    with LiveRanks(4, backend="gloo") as live:  # d = 4: every stage's shards differ
+        return mr.run_stages(live, degrees=(4,), steps=1)
 
 
 def test_measured_state_is_within_2_percent_of_the_formula(results):
-    assert len(results) == 8  # stages 0-3 at d = 2, 4 (d = 1 is the plain model's 16Ψ)
+    assert len(results) == 4  # stages 0-3 at d = 4 (the notebook and the benchmark: d = 1, 2, 4)
     for res in results:
         formula = res.formula()
         for run in res.ranks:

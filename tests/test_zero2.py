@@ -42,8 +42,8 @@ def test_every_stage_trains_like_one_process(results, stage, d):
 
 def test_sgd_sees_the_gradient_scale(ranks):
     # AdamW would not notice a sum where a mean belongs; SGD moves by lr × gradient
-    for res in mr.run_stages(ranks, stages=(1, 2), degrees=(4,), optimizer="sgd"):
-        assert res.max_diff < 1e-5
+    [res] = mr.run_stages(ranks, stages=(2,), degrees=(4,), optimizer="sgd")
+    assert res.max_diff < 1e-5
 
 
 def test_stage2_keeps_a_shard_of_the_gradients(results):
