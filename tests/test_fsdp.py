@@ -9,6 +9,7 @@ from helpers.models import lm_loss, make_tokens, make_transformer
 from helpers.parallel import memory_run as mr
 from helpers.parallel.fsdp import FSDP
 from helpers.parallel.groups import split_groups
+from tests.test_memory_measured import check_measured_like_the_formulas
 from tests.test_zero2 import PAIRS, ranks  # noqa: F401  (the fixture: 4 live ranks per module)
 
 
@@ -17,10 +18,20 @@ def reference():
     return mr.train_reference(3)
 
 
+@pytest.fixture(scope="module")
+def runs(ranks):
+    return {prefetch: {r.d: r for r in mr.run_stages(ranks, stages=(3,), degrees=degrees,
+                                                     prefetch=prefetch)}
+            for prefetch, degrees in ((False, (1, 2, 4)), (True, (4,)))}
+
+
+def test_measured_state_comm_and_peak_match_the_formulas(runs):
+    check_measured_like_the_formulas(runs[False].values())
+
+
 @pytest.mark.parametrize("prefetch,degrees", [(False, (1, 2, 4)), (True, (4,))])
-def test_fsdp_trains_like_one_process(ranks, prefetch, degrees):
-    results = {r.d: r for r in mr.run_stages(ranks, stages=(3,), degrees=degrees,
-                                             prefetch=prefetch)}
+def test_fsdp_trains_like_one_process(runs, prefetch, degrees):
+    results = runs[prefetch]
     if 1 in results:
         assert results[1].bit_identical
     for d in set(degrees) - {1}:

@@ -8,6 +8,7 @@ import torch
 from helpers.parallel import memory_run as mr
 from helpers.parallel.groups import split_groups
 from helpers.ranks import LiveRanks
+from tests.test_memory_measured import check_measured_like_the_formulas
 
 PAIRS = [[0, 1], [2, 3]]
 
@@ -44,6 +45,11 @@ def test_sgd_sees_the_gradient_scale(ranks):
     # AdamW would not notice a sum where a mean belongs; SGD moves by lr × gradient
     [res] = mr.run_stages(ranks, stages=(2,), degrees=(4,), optimizer="sgd")
     assert res.max_diff < 1e-5
+
+
+def test_measured_state_comm_and_peak_match_the_formulas(results):
+    assert len(results) == 9  # stages 0-2 at d = 1, 2, 4
+    check_measured_like_the_formulas(results.values())
 
 
 def test_stage2_keeps_a_shard_of_the_gradients(results):
