@@ -423,3 +423,52 @@ def check_ring_idle(answer: float) -> Verdict:
         ((1 - 1 / 8, "that compares the first rank with the last; the mean rank works 4 blocks."),
          (0.5, "close, but the diagonal block is half a block: 1 − 4/7.5.")),
         f"{answer:g} is not it: 1 − mean/max of causal_work(8, 'naive').")
+
+# --- notebook 08: memory ---------------------------------------------------------------------
+
+def check_memory_zero2_bytes(answer: float) -> Verdict:
+    """Exercise: bytes per rank of parameters + gradients + optimizer state under ZeRO-2 for
+    notebook 08's model (Ψ = 464,128) on d = 4 ranks, fp32 AdamW (4 + 4 + 8 bytes)."""
+    from helpers.cost.memory import FP32_RUN, MIXED_RUN, zero_memory_for
+    psi, d = 464_128, 4
+    expected = zero_memory_for(psi, d, 2, FP32_RUN).total
+    return numeric_verdict(
+        answer, expected,
+        f"4Ψ + (4 + 8)Ψ/d = {4 * psi:,} + {12 * psi // d:,} = {expected:,.0f} B: the weights "
+        "stay whole, gradients and AdamW's two moments are split four ways.",
+        ((zero_memory_for(psi, d, 2, MIXED_RUN).total, "that is the mixed-precision formula "
+          "2Ψ + 14Ψ/d; this run keeps fp32 weights and gradients and no master copy."),
+         (zero_memory_for(psi, d, 1, FP32_RUN).total, "that is ZeRO-1 (gradients whole)."),
+         (zero_memory_for(psi, d, 3, FP32_RUN).total, "that is ZeRO-3: ZeRO-2 keeps every weight.")),
+        f"{answer:g} B is not it: 4Ψ of weights plus 12Ψ/d of gradients and moments.")
+
+
+def check_memory_fsdp_wire_bytes(answer: float) -> Verdict:
+    """Exercise: bytes one rank sends per step under ZeRO-3 for Ψ = 1e9 bf16 parameters (and
+    bf16 gradients) on d = 8 ranks, ring collectives."""
+    from helpers.cost.memory import comm_volume
+    psi, d = 1e9, 8
+    expected = comm_volume(3, d, psi, bytes_per_value=2)
+    return numeric_verdict(
+        answer, expected,
+        f"two all-gathers and a reduce-scatter of 2Ψ bytes, each sending (d−1)/d of it: "
+        f"3 × 2 GB × 7/8 = {expected / 1e9:.2f} GB per step.",
+        ((3 * psi * 2, "that is 3Ψ·2 bytes handed to the collectives; a ring sends (d−1)/d of it."),
+         (comm_volume(2, d, psi, 2), "that is stages 0-2 (2Ψ): ZeRO-3 gathers the weights twice."),
+         (3 * psi * (d - 1) / d, "count 2 bytes per bf16 value.")),
+        f"{answer:g} B is not it: 3 buffers of Ψ values × 2 bytes × (d−1)/d.")
+
+
+def check_memory_checkpoint_ratio(answer: float) -> Verdict:
+    """Exercise: how many times fewer activation bytes one block of notebook 07's decoder
+    keeps with checkpointing, for h = 4096 and 32 heads (any b, s)?"""
+    from helpers.cost.memory import ActivationShape, block_activation_bytes
+    shape = ActivationShape(1, 4096, 4096, 32, 1, 32000)
+    expected = block_activation_bytes(shape) / block_activation_bytes(shape, checkpointed=True)
+    return numeric_verdict(
+        answer, expected,
+        f"(16h + 4 + heads)·bs / (h·bs) = (16·4096 + 36)/4096 = {expected:.2f}: a block keeps "
+        "its input instead of 16 tensors of its size (and a few per-token statistics).",
+        ((34.0, "34 is Korthikanti et al.'s 34·sbh in bytes for fp16 with dropout; count values "
+                "of this block (no dropout, flash attention)."),),
+        f"{answer:g} is not it: divide 16·bsh + (4 + heads)·bs by b·s·h.")

@@ -11,11 +11,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from typing import NamedTuple
 
 import torch
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
-from helpers.checks import check_int
+from helpers.checks import check_divisible, check_int, check_number
+from helpers.cost.experts import capacity as expert_capacity
+from helpers.cost.parallel3d import TransformerFlops, forward_flops
 
 
 @dataclass(frozen=True)
@@ -91,12 +95,7 @@ def mlp_loss(output: torch.Tensor, numel: int | None = None) -> torch.Tensor:
 # nn.Linear with a name (attn.q/k/v/out, mlp.up/down), so tensor parallelism can swap Q, K, V
 # and `up` for column-parallel Linears and `out` and `down` for row-parallel ones, and call
 # `causal_attention` on its local heads.
-# (Imports here, not at the top: this section was added at the end of a shared file;
-# hoist them when merging.)
-from typing import NamedTuple  # noqa: E402
 
-from helpers.checks import check_divisible  # noqa: E402
-from helpers.cost.parallel3d import TransformerFlops, forward_flops  # noqa: E402
 
 @dataclass(frozen=True)
 class TransformerConfig:
@@ -321,8 +320,6 @@ def transformer_flops(config: TransformerConfig = TRANSFORMER) -> TransformerFlo
 # `groups` cuts the tokens into groups with a capacity each (GShard's G): an expert-parallel
 # rank routes its own tokens with its own capacity, so the one-process layer with groups = e
 # makes exactly the same choices as e ranks.
-from helpers.checks import check_number  # noqa: E402
-from helpers.cost.experts import capacity as expert_capacity  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -512,3 +509,20 @@ def moe_transformer_loss(model: nn.Module, logits: torch.Tensor, targets: torch.
     """`lm_loss` plus each MoE block's `aux_weight` × its last load-balancing loss."""
     return lm_loss(logits, targets) + sum(block.mlp.config.aux_weight * block.mlp.aux_loss
                                           for block in model.blocks)
+
+# Notebook 08: activation checkpointing per block.
+# ----------------------------------------------------------------------------------------
+
+
+def transformer_forward(model: Transformer, ids: torch.Tensor,
+                        checkpointed: bool = False) -> torch.Tensor:
+    """`model(ids)`, or with `checkpointed` each block under `torch.utils.checkpoint`
+    (non-reentrant): a block keeps only its input for backward and runs its forward again
+    there, so activation memory drops from every block's intermediates to one input per block
+    (plus one block's intermediates while it is recomputed)."""
+    if not checkpointed:
+        return model(ids)
+    x = model.embed(ids)
+    for block in model.blocks:
+        x = checkpoint(block, x, use_reentrant=False)
+    return model.head(x)

@@ -39,3 +39,89 @@ def test_widget_is_a_widget_showing_the_table(capsys):
     widget = widget_zero_memory()  # outside a kernel its output widget prints to stdout
     assert isinstance(widget, ipywidgets.Widget)
     assert "d = 64 ranks" in capsys.readouterr().out
+
+
+# --- notebook 08: this run's dtypes, communication, activations, the planner ---------------
+
+from helpers.views import memory as views_memory  # noqa: E402
+
+
+@pytest.mark.parametrize("d", [1, 4, 1024])
+def test_fp32_and_mixed_precision_formulas(d):
+    psi = 1e9
+    fp32 = [memory.zero_memory_for(psi, d, s).total for s in range(4)]
+    assert fp32 == pytest.approx([16 * psi, 8 * psi + 8 * psi / d, 4 * psi + 12 * psi / d,
+                                  16 * psi / d])
+    mixed = [memory.zero_memory_for(psi, d, s, memory.MIXED_RUN).total for s in range(4)]
+    assert mixed == pytest.approx([16 * psi, 4 * psi + 12 * psi / d, 2 * psi + 14 * psi / d,
+                                   16 * psi / d])
+
+
+def test_comm_volume_is_2_and_3_psi_in_the_limit():
+    assert memory.comm_volume(0, 1, 1e9) == 0
+    assert memory.comm_volume(2, 4, 1e9, 2) == pytest.approx(2 * 1e9 * 2 * 3 / 4)
+    assert memory.comm_volume(3, 10**6, 1e9, 1) == pytest.approx(3e9, rel=1e-5)
+    assert memory.comm_volume(3, 8, 1e9) / memory.comm_volume(0, 8, 1e9) == pytest.approx(1.5)
+
+
+def test_checkpointing_keeps_one_tensor_per_block():
+    shape = memory.ActivationShape(2, 64, 32, 4, 3, 50)
+    per_block = memory.block_activation_bytes(shape)
+    assert per_block == 2 * 64 * (16 * 32 + 4 + 4) * 4
+    assert memory.block_activation_bytes(shape, checkpointed=True) == 2 * 64 * 32 * 4
+    assert memory.activation_bytes(shape) - memory.activation_bytes(shape, checkpointed=True) \
+        == pytest.approx(3 * (per_block - 2 * 64 * 32 * 4))
+
+
+@pytest.mark.parametrize("kwargs,name", [({"batch": 0}, "batch"), ({"hidden": 0}, "hidden"),
+                                         ({"heads": 1.5}, "heads")])
+def test_activation_shape_rejects_bad_input(kwargs, name):
+    args = {"batch": 1, "seq": 8, "hidden": 8, "heads": 2, "layers": 1, "vocab": 10, **kwargs}
+    with pytest.raises((ValueError, TypeError), match=name):
+        memory.ActivationShape(**args)
+
+
+def test_planner_bars_add_up_and_shrink_with_the_stage():
+    model = views_memory.MODELS["notebook 07's model"]
+    plans = [memory.plan_memory(model, 8, s, False) for s in range(4)]
+    assert plans[0].total > plans[1].total > plans[2].total > plans[3].total
+    assert len({p.activations for p in plans}) == 1  # ZeRO does not shard activations
+    assert memory.plan_memory(model, 8, 3, True).activations < plans[3].activations
+
+
+POINT = views_memory.MeasuredPoint(3, 2, False, memory.PlannedMemory(
+    memory.ZeroMemory(928_256, 928_256, 1_856_528), 2_371_908))
+
+
+@pytest.mark.parametrize("model", list(views_memory.MODELS))
+def test_planner_figure_at_every_control_extreme(model):
+    options = views_memory.d_options(views_memory.MODELS[model])
+    for d, stage, checkpointed, precision in ((options[0], 0, False, memory.FP32_RUN),
+                                              (options[-1], 3, True, memory.MIXED_RUN)):
+        fig = views_memory.planner_figure(model, d, stage, checkpointed, precision, [POINT])
+        assert len(fig.axes[0].patches) == 16  # 4 stages × 4 parts
+
+
+def test_planner_draws_measured_points_only_where_they_belong():
+    fig = views_memory.planner_figure(views_memory.MEASURED_MODEL, 2, 3, False,
+                                      memory.FP32_RUN, [POINT])
+    assert any(line.get_marker() == "D" for line in fig.axes[0].lines)
+    fig = views_memory.planner_figure(views_memory.MEASURED_MODEL, 2, 3, False,
+                                      memory.MIXED_RUN, [POINT])
+    assert not any(line.get_marker() == "D" for line in fig.axes[0].lines)
+
+
+def test_planner_offers_only_valid_d_and_rejects_others():
+    assert views_memory.d_options(views_memory.MODELS[views_memory.MEASURED_MODEL]) == (1, 2, 4, 8)
+    with pytest.raises(ValueError, match="d must be one of"):
+        views_memory.planner_figure(views_memory.MEASURED_MODEL, 16, 0, False, memory.FP32_RUN)
+
+
+def test_planner_widget_is_a_widget():
+    widget = views_memory.widget_memory_planner([POINT])
+    assert isinstance(widget, ipywidgets.Widget)
+    model, d = widget.children[0], widget.children[1]
+    model.value = "70B shape (h 8192, 80 layers), b = 1, s = 4096"
+    assert d.options[-1] == 1024
+    model.value = views_memory.MEASURED_MODEL
+    assert d.value in (1, 2, 4, 8)

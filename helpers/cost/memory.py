@@ -59,3 +59,145 @@ def zero_memory_table(psi: float, d: int, stage: int | None = None, param_bytes:
         lines.append(f"{mark} {name:<30}" + "".join(f"{nbytes / 1e9:9.2f} GB".rjust(12) for nbytes
                                                   in (m.params, m.grads, m.optimizer, m.total)))
     return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------------------
+# Notebook 08: this run's dtypes, activations, communication, and a planner's presets.
+# ----------------------------------------------------------------------------------------
+
+# (param_bytes, grad_bytes, optimizer_bytes) of the two runs the course prices.
+PRECISIONS = {"fp32 AdamW (this CPU run)": (4, 4, FP32_ADAM_BYTES),
+              "mixed-precision AdamW (the lecture's GPU run)": (2, 2, MIXED_PRECISION_ADAM_BYTES)}
+FP32_RUN, MIXED_RUN = PRECISIONS
+
+
+def zero_memory_for(psi: float, d: int, stage: int, precision: str = FP32_RUN) -> ZeroMemory:
+    """zero_memory_per_rank with one of PRECISIONS' byte counts: fp32 AdamW is
+    4 + 4 + 8 = 16 bytes per parameter (stage 1: 8Ψ + 8Ψ/d, stage 2: 4Ψ + 12Ψ/d, stage 3:
+    16Ψ/d); mixed precision 2 + 2 + 12 = 16 (4Ψ + 12Ψ/d, 2Ψ + 14Ψ/d, 16Ψ/d)."""
+    check_choice("precision", precision, PRECISIONS)
+    param, grad, optimizer = PRECISIONS[precision]
+    return zero_memory_per_rank(psi, d, stage, param, grad, optimizer)
+
+
+def comm_volume(stage: int, d: int, psi: float, bytes_per_value: float = 4) -> float:
+    """Bytes one rank sends (and receives) per step under `stage`, ring algorithms.
+
+    Stages 0-2 move 2Ψ values: an all-reduce of the gradients (stage 0) or a reduce-scatter
+    of them plus an all-gather of the updated parameters (1, 2); stage 3 adds a second
+    all-gather (forward and again in backward): 3Ψ. Each ring collective moves (d−1)/d of its
+    buffer per rank, so at finite d these are 2Ψ(d−1)/d and 3Ψ(d−1)/d; the ZeRO paper's 2Ψ
+    and 3Ψ are the d → ∞ limit."""
+    check_choice("stage", stage, STAGES)
+    check_int("d (number of data-parallel ranks)", d)
+    buffers = 3 if stage == 3 else 2
+    return buffers * psi * bytes_per_value * (d - 1) / d
+
+
+@dataclass(frozen=True)
+class ActivationShape:
+    """What one rank's forward pass sees: b sequences of s tokens, width h, `heads` heads,
+    `layers` blocks, vocabulary V (the head's log-softmax keeps b·s·V values)."""
+    batch: float      # b: sequences on this rank (may be fractional in a planner)
+    seq: int          # s
+    hidden: int       # h
+    heads: int
+    layers: int
+    vocab: int
+
+    def __post_init__(self):
+        check_number("batch (sequences per rank)", self.batch, low=0, low_inclusive=False)
+        for name in ("seq", "hidden", "heads", "layers", "vocab"):
+            check_int(name, getattr(self, name))
+
+
+# What autograd keeps per block of notebook 07's decoder, in values of b·s·h (read off the ops'
+# saved tensors; tests/test_memory_measured.py checks it against saved_tensors_hooks):
+# the block input x and its LayerNorm's output (2), q, k, v (3), the attention output (1; the
+# CPU kernel lays it out so that `out` reads it without a copy), the residual x₁ and its
+# LayerNorm's output (2), up's output (4), GELU's output (4).
+BLOCK_VALUES_PER_TOKEN_H = 16
+# … plus, per token: two LayerNorms' mean and 1/std (4 values) and attention's log-sum-exp
+# (one value per head: the CPU's flash-attention kernel keeps no s × s matrix).
+BLOCK_VALUES_PER_TOKEN = 4
+
+
+def block_activation_bytes(shape: ActivationShape, bytes_per_value: float = 4,
+                           checkpointed: bool = False) -> float:
+    """Bytes one block keeps for its backward: 16·bsh + (4 + heads)·bs values; with
+    activation checkpointing only its input, b·s·h (the rest is recomputed in backward)."""
+    tokens = shape.batch * shape.seq
+    if checkpointed:
+        return tokens * shape.hidden * bytes_per_value
+    return tokens * (BLOCK_VALUES_PER_TOKEN_H * shape.hidden + BLOCK_VALUES_PER_TOKEN
+                     + shape.heads) * bytes_per_value
+
+
+def head_activation_bytes(shape: ActivationShape, bytes_per_value: float = 4) -> float:
+    """Embedding and head: the final LayerNorm's input, output and statistics (2·bsh + 2·bs
+    values), the log-softmax of the logits (bsV values); int64 token ids (b(s+1), the batch
+    the inputs are a slice of), positions (s) and the flattened targets (bs); the loss's
+    4-byte total weight."""
+    tokens = shape.batch * shape.seq
+    return (tokens * (2 * shape.hidden + 2 + shape.vocab) * bytes_per_value
+            + 8 * (shape.batch * (shape.seq + 1) + shape.seq + tokens) + 4)
+
+
+def activation_bytes(shape: ActivationShape, bytes_per_value: float = 4,
+                     checkpointed: bool = False) -> float:
+    """Everything the forward pass keeps for backward: L blocks plus embedding and head."""
+    return (shape.layers * block_activation_bytes(shape, bytes_per_value, checkpointed)
+            + head_activation_bytes(shape, bytes_per_value))
+
+
+@dataclass(frozen=True)
+class ModelPreset:
+    """A model for the planner: its Ψ and the shape of one rank's forward. `batch` None means
+    the global batch of `global_batch` sequences is split over d (as this notebook's runs);
+    otherwise each rank runs `batch` sequences per micro-batch, whatever d."""
+    name: str
+    parameters: float
+    seq: int
+    hidden: int
+    heads: int
+    layers: int
+    vocab: int
+    global_batch: int = 8
+    batch: int | None = None
+
+    def shape(self, d: int) -> ActivationShape:
+        check_int("d (number of data-parallel ranks)", d)
+        b = self.global_batch / d if self.batch is None else self.batch
+        return ActivationShape(b, self.seq, self.hidden, self.heads, self.layers, self.vocab)
+
+
+def gpt_parameters(vocab: int, seq: int, hidden: int, layers: int) -> int:
+    """Ψ of notebook 07's decoder shape (as TransformerConfig.parameters, without torch)."""
+    h = hidden
+    return vocab * h + seq * h + layers * (12 * h * h + 4 * h) + 2 * h + h * vocab
+
+
+def preset(name: str, vocab: int, seq: int, hidden: int, heads: int, layers: int,
+           global_batch: int = 8, batch: int | None = None) -> ModelPreset:
+    return ModelPreset(name, gpt_parameters(vocab, seq, hidden, layers), seq, hidden, heads,
+                       layers, vocab, global_batch, batch)
+
+
+@dataclass(frozen=True)
+class PlannedMemory:
+    """Bytes per rank: ZeRO's three terms plus the activations."""
+    state: ZeroMemory
+    activations: float
+
+    @property
+    def total(self) -> float:
+        return self.state.total + self.activations
+
+
+def plan_memory(model: ModelPreset, d: int, stage: int, checkpointed: bool,
+                precision: str = FP32_RUN) -> PlannedMemory:
+    """The planner's bar: ZeRO memory of `model` at (d, stage, precision) plus its
+    activations (2 bytes per value in mixed precision, 4 in fp32)."""
+    state = zero_memory_for(model.parameters, d, stage, precision)
+    value_bytes = PRECISIONS[precision][0]
+    return PlannedMemory(state, activation_bytes(model.shape(d), value_bytes, checkpointed))

@@ -1,0 +1,203 @@
+"""ZeRO-3 / FSDP from scratch: parameters, gradients and optimizer state all sharded.
+
+The model is cut into *units* (for notebook 07's decoder: the embedding, each block, the
+head). Each unit's parameters are laid end to end in one flat buffer (`zero.FlatBucket`,
+padded to a multiple of d) and each of the group's d ranks keeps only its 1/d slice, the
+`shard`: the only real parameter left, the one the optimizer steps. Around every unit:
+
+* before its forward, all-gather the shards into the whole flat buffer and point the
+  module's weights at views of it;
+* after its forward, free that buffer (`untyped_storage().resize_(0)`): autograd's saved
+  views still refer to the storage, now empty;
+* when backward reaches the unit's output (a hook on that tensor), all-gather again into
+  the same storage, so the saved views are whole again for the unit's backward;
+* when the flat buffer's gradient is complete (a post-accumulate-grad hook), reduce-scatter
+  it into this rank's shard gradient and free the buffer and its gradient.
+
+With `prefetch=True`, the all-gather of the next unit (forward: the following one; backward:
+the preceding one) is launched before this unit computes, so it can travel meanwhile; a rank
+then holds two units at once instead of one. Works on any process group: ranks number their
+shards by group rank. `log` (a CommLog) records every collective.
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from helpers.models import Transformer
+from helpers.parallel.dp import broadcast_from_rank0
+from helpers.parallel.groups import all_gather_into, group_rank, group_size, reduce_scatter_into
+from helpers.parallel.memory import CommLog
+from helpers.parallel.zero import FlatBucket
+
+
+def transformer_units(model: Transformer) -> list[nn.Module]:
+    """Notebook 07's decoder cut into FSDP units: embedding, each block, head."""
+    return [model.embed, *model.blocks, model.head]
+
+
+class _Unit:
+    """One unit's bookkeeping: where its weights live, its shard, and its gathered buffer."""
+
+    def __init__(self, index: int, module: nn.Module, d: int, rank: int):
+        self.index, self.module = index, module
+        named = list(module.named_parameters())
+        self.names = [name for name, _ in named]
+        self.bucket = FlatBucket([p for _, p in named], d, rank)
+        # (owning submodule, attribute) of each weight, to point it at the gathered buffer
+        self.slots = [(module.get_submodule(name.rpartition(".")[0]), name.rpartition(".")[2])
+                      for name in self.names]
+        with torch.no_grad():
+            flat = self.bucket.empty(zero=True)
+            for i, (_, p) in enumerate(named):
+                self.bucket.view(flat, i).copy_(p)
+            self.shard = nn.Parameter(self.bucket.mine(flat).clone())
+        for owner, attr in self.slots:
+            shape = owner._parameters[attr].shape
+            del owner._parameters[attr]
+            # a meta placeholder: using the weights without gathering them fails loudly
+            setattr(owner, attr, torch.empty(shape, device="meta"))
+        self.full: torch.Tensor | None = None  # the gathered flat buffer while it exists
+        self.gather = None                       # an all-gather in flight into `full`
+        self.reduced = None                      # (work, shard gradient, buffer it reads)
+
+    def bind(self) -> None:
+        """Point every weight of the unit at its view of `full`."""
+        for i, (owner, attr) in enumerate(self.slots):
+            setattr(owner, attr, self.bucket.view(self.full, i))
+
+
+class FSDP(nn.Module):
+    """`model = FSDP(make_transformer(config), lr=1e-2, group=g)`, then per step
+    `loss = lm_loss(model(ids), targets); loss.backward(); model.step(); model.zero_grad()`.
+
+    `units`: the submodules to shard one by one (default: `transformer_units(module)`); every
+    parameter must belong to exactly one. `parameters()` are the shards (one flat tensor per
+    unit), which `optimizer` steps. Gradients are averaged over the group.
+    """
+
+    def __init__(self, module: nn.Module, units: Sequence[nn.Module] | None = None,
+                 optimizer_cls: type = torch.optim.AdamW, *, prefetch: bool = False,
+                 group=None, log: CommLog | None = None, **optimizer_kwargs: Any):
+        super().__init__()
+        if not dist.is_initialized():
+            raise RuntimeError("FSDP needs a process group: build it inside a rank function "
+                               "(helpers.ranks.spawn / LiveRanks.run)")
+        if units is None:
+            if not isinstance(module, Transformer):
+                raise TypeError("units must be given for a module that is not "
+                                f"helpers.models.Transformer, got {type(module).__name__}")
+            units = transformer_units(module)
+        self.process_group, self.prefetch = group, prefetch
+        self.rank, self.d = group_rank(group), group_size(group)
+        self.log = log if log is not None else CommLog()
+        broadcast_from_rank0(module, group)
+        unit_params = [set(u.parameters()) for u in units]
+        for p_name, p in module.named_parameters():
+            owners = sum(p in s for s in unit_params)
+            if owners != 1:
+                raise ValueError(f"units must hold every parameter exactly once: {p_name} is "
+                                 f"in {owners} of them")
+        prefixes = {id(m): name for name, m in module.named_modules()}
+        self._units = [_Unit(i, u, self.d, self.rank) for i, u in enumerate(units)]
+        self.unit_names = [prefixes[id(u)] for u in units]
+        self.module = module
+        self.shards = nn.ParameterList([u.shard for u in self._units])
+        for u in self._units:
+            u.module.register_forward_pre_hook(lambda m, args, u=u: self._pre_forward(u))
+            u.module.register_forward_hook(lambda m, args, out, u=u: self._post_forward(u, out))
+        self.optimizer = optimizer_cls(self.shards, **optimizer_kwargs)
+
+    def forward(self, *args, **kwargs):
+        return self.module(*args, **kwargs)
+
+    # -- gathering ------------------------------------------------------------------------
+
+    def _launch_gather(self, u: _Unit, into_existing: bool) -> None:
+        """All-gather u's shards: into a new buffer (forward) or back into the storage its
+        saved views refer to (backward)."""
+        if u.gather is not None:
+            return  # prefetched already
+        if into_existing:
+            u.full.untyped_storage().resize_(u.bucket.padded * u.full.element_size())
+            target = u.full.data  # .data: refilling must not bump the version autograd checks
+        else:
+            u.full = target = u.bucket.empty()
+        self.log.add("all_gather", target)
+        u.gather = all_gather_into(target, u.shard.detach(), self.process_group, async_op=True)
+
+    def _wait_gather(self, u: _Unit) -> None:
+        u.gather.wait()
+        u.gather = None
+
+    def _pre_forward(self, u: _Unit) -> None:
+        self._launch_gather(u, into_existing=False)
+        if self.prefetch and u.index + 1 < len(self._units):
+            self._launch_gather(self._units[u.index + 1], into_existing=False)
+        self._wait_gather(u)
+        u.full.requires_grad_(torch.is_grad_enabled())
+        u.bind()
+
+    def _post_forward(self, u: _Unit, out) -> None:
+        u.full.untyped_storage().resize_(0)
+        if isinstance(out, torch.Tensor) and out.requires_grad:
+            out.register_hook(lambda grad, u=u: self._pre_backward(u))
+            u.full.register_post_accumulate_grad_hook(lambda full, u=u: self._post_backward(u))
+
+    def _pre_backward(self, u: _Unit) -> None:
+        self._launch_gather(u, into_existing=True)
+        if self.prefetch and u.index > 0:
+            self._launch_gather(self._units[u.index - 1], into_existing=True)
+        self._wait_gather(u)
+
+    def _post_backward(self, u: _Unit) -> None:
+        for other in self._units:  # earlier reduce-scatters: done, their buffers freed
+            self._settle(other)
+        grad, u.full.grad = u.full.grad, None
+        out = torch.empty(u.bucket.shard_numel, dtype=grad.dtype, device=grad.device)
+        self.log.add("reduce_scatter", grad)
+        u.reduced = (reduce_scatter_into(out, grad, self.process_group, async_op=True), out)
+        u.full.untyped_storage().resize_(0)
+        u.full = None
+
+    @staticmethod
+    def _settle(u: _Unit) -> None:
+        """Wait for u's reduce-scatter, if in flight, and drop it with the buffer it read."""
+        if u.reduced is not None and u.reduced[0] is not None:
+            u.reduced[0].wait()
+            u.reduced = (None, u.reduced[1])
+
+    # -- the step -------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def finish_gradient_synchronization(self) -> None:
+        """Wait for every unit's reduce-scatter and hand each shard its averaged gradient."""
+        for u in self._units:
+            if u.reduced is None:
+                raise RuntimeError(f"FSDP: unit {self.unit_names[u.index]!r} got no gradient "
+                                   "this step; every unit must take part in the loss")
+            self._settle(u)
+            u.shard.grad = u.reduced[1].div_(self.d)
+            u.reduced = None
+
+    def step(self) -> None:
+        self.finish_gradient_synchronization()
+        self.optimizer.step()
+
+    def zero_grad(self) -> None:
+        self.optimizer.zero_grad()
+
+    @torch.no_grad()
+    def full_parameters(self) -> dict[str, torch.Tensor]:
+        """Every parameter whole, by its name in the unwrapped module, on the CPU (an
+        all-gather per unit: call it on every rank of the group)."""
+        whole = {}
+        for u, prefix in zip(self._units, self.unit_names):
+            flat = u.bucket.empty()
+            all_gather_into(flat, u.shard.detach(), self.process_group)
+            for i, name in enumerate(u.names):
+                whole[f"{prefix}.{name}"] = u.bucket.view(flat, i).to("cpu", copy=True)
+        return whole

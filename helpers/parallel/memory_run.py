@@ -1,0 +1,334 @@
+"""Notebook 08's runs: train notebook 07's decoder under each ZeRO stage and measure a rank.
+
+`train_stage` (a rank function) builds the model, wraps it in `zero.ZeroDP` (stages 0-2) or
+`fsdp.FSDP` (stage 3) over the group, trains a few steps on its 1/d of the batch and returns
+whole parameters (to check against `train_reference`, one process with plain AdamW) and, for
+its last step, what `helpers.parallel.memory` measured: state bytes, saved activations, the
+profiler's peak and the bytes handed to each collective. `train_torch_fsdp` is the same
+training under PyTorch's FSDP2 (`torch.distributed.fsdp.fully_shard`).
+"""
+from __future__ import annotations
+
+import contextlib
+import statistics
+import time
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+from torch.profiler import record_function
+
+from helpers.checks import check_choice, check_divisible, check_int
+from helpers.cost.alpha_beta import OPS
+from helpers.cost.memory import (FP32_RUN, MIXED_RUN, STAGES, ZeroMemory, comm_volume,
+                                 zero_memory_for)
+from helpers.models import (TransformerConfig, lm_loss, make_tokens, make_transformer,
+                            transformer_forward)
+from helpers.parallel.dp import shard
+from helpers.parallel.fsdp import FSDP
+from helpers.parallel.groups import group_rank, group_size
+from helpers.parallel.memory import CommLog, PeakMemory, Phase, SavedActivations, state_bytes
+from helpers.parallel.zero import ZeroDP
+
+# Notebook 08's model: notebook 07's decoder, small enough that 4 ranks train it on 2 cores
+# in a fraction of a second per step (Ψ = 464,128).
+SMALL = TransformerConfig(vocab=256, hidden=128, heads=4, layers=2, seq=32, batch=8)
+# AdamW takes steps of about lr whatever the gradient's size, so an element whose gradient is
+# near zero moves by ±lr on rounding alone: lr = 1e-3 keeps that inside assert_close's 1e-5
+# after 3 steps. Adam is blind to a gradient's scale (a sum where a mean belongs trains the
+# same), so the tests also run plain SGD, which is not.
+OPTIMIZERS = {"adamw": (torch.optim.AdamW, {"lr": 1e-3}), "sgd": (torch.optim.SGD, {"lr": 0.5})}
+
+
+def check_run(stage: int, d: int, config: TransformerConfig, steps: int = 3,
+              optimizer: str = "adamw") -> None:
+    """What a run needs, checked in the parent before any rank starts."""
+    check_choice("stage", stage, STAGES)
+    check_choice("optimizer", optimizer, OPTIMIZERS)
+    check_int("d (data-parallel ranks)", d)
+    check_divisible("batch", config.batch, d, f"d={d} ranks share its sequences")
+    check_int("steps", steps)
+
+
+@dataclass
+class StageRun:
+    """What one rank of `train_stage` brings back."""
+    stage: int
+    d: int
+    losses: list[float]                            # this rank's loss, every step
+    params: dict[str, torch.Tensor] = field(repr=False)  # whole, after training
+    state: ZeroMemory | None = None                # after the last step, before zero_grad
+    activations: int = 0                           # saved for backward by the last forward
+    peak_bytes: int = 0                            # the last step's, from the profiler
+    peak_curve: list[tuple[float, int]] = field(default_factory=list, repr=False)
+    phases: list[Phase] = field(default_factory=list)   # forward, backward, optimizer step
+    comm: dict[str, int] = field(default_factory=dict)  # bytes handed per op, last step
+    step_s: list[float] = field(default_factory=list)   # the steps before the measured one
+
+    @property
+    def comm_bytes(self) -> int:
+        return sum(self.comm.values())
+
+    def wire_bytes(self) -> float:
+        """What the ring algorithms send per rank: each op's n times its bus factor."""
+        return sum(n * OPS[op].bus_factor(self.d) for op, n in self.comm.items())
+
+
+def wrap(stage: int, model, group=None, log: CommLog | None = None, prefetch: bool = False,
+         optimizer: str = "adamw"):
+    """The model under `stage`, owning its optimizer (one of OPTIMIZERS): ZeroDP for 0-2,
+    FSDP for 3."""
+    cls, kwargs = OPTIMIZERS[optimizer]
+    if stage == 3:
+        return FSDP(model, optimizer_cls=cls, prefetch=prefetch, group=group, log=log, **kwargs)
+    return ZeroDP(model, stage, cls, group=group, log=log, **kwargs)
+
+
+def train_stage(rank: int, world_size: int, stage: int, steps: int = 3,
+                config: TransformerConfig = SMALL, prefetch: bool = False, measure_last=True,
+                optimizer: str = "adamw", group=None) -> StageRun:
+    """Rank function: `steps` AdamW steps under `stage` over `group`, the last one measured
+    (when `measure_last`): the profiler's allocator records around the whole step, the
+    saved-tensor hooks around the forward, the CommLog cleared before it."""
+    r, d = group_rank(group), group_size(group)
+    tokens = make_tokens(config)
+    ids, targets = shard(tokens.inputs, r, d), shard(tokens.targets, r, d)
+    log = CommLog()
+    model = wrap(stage, make_transformer(config), group, log, prefetch, optimizer)
+    run = StageRun(stage, d, [], {})
+    for step in range(steps):
+        measured = measure_last and step == steps - 1
+        log.clear()
+        start = state_bytes(model.parameters(), model.optimizer).total
+        saved = SavedActivations()
+        dist.barrier(group=group)
+        t0 = time.perf_counter()
+        with PeakMemory(start) if measured else contextlib.nullcontext() as peak:
+            with saved if measured else contextlib.nullcontext(), record_function("forward"):
+                loss = lm_loss(model(ids), targets)
+            with record_function("backward"):
+                loss.backward()
+            with record_function("optimizer step"):
+                model.step()
+        dist.barrier(group=group)
+        if not measured:
+            run.step_s.append(time.perf_counter() - t0)
+        else:
+            run.state = state_bytes(model.parameters(), model.optimizer)
+            run.activations, run.peak_bytes = saved.bytes, peak.bytes
+            run.peak_curve, run.phases = peak.curve, peak.phases
+            run.comm = log.by_op()
+        model.zero_grad()
+        run.losses.append(loss.item())
+    run.params = (model.full_parameters() if stage == 3 else
+                  {n: p.detach().to("cpu", copy=True) for n, p in model.module.named_parameters()})
+    return run
+
+
+def train_reference(steps: int = 3, config: TransformerConfig = SMALL,
+                    optimizer: str = "adamw") -> dict[str, torch.Tensor]:
+    """One process, the whole batch, the plain optimizer: the parameters every stage must reach."""
+    model = make_transformer(config)
+    cls, kwargs = OPTIMIZERS[check_choice("optimizer", optimizer, OPTIMIZERS)]
+    optimizer = cls(model.parameters(), **kwargs)
+    tokens = make_tokens(config)
+    for _ in range(steps):
+        lm_loss(model(tokens.inputs), tokens.targets).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    return {n: p.detach().clone() for n, p in model.named_parameters()}
+
+
+@dataclass
+class TorchRun:
+    """train_torch_fsdp's answer on one rank."""
+    params: dict[str, torch.Tensor] = field(repr=False)
+    step_s: list[float] = field(default_factory=list)
+
+
+def train_torch_fsdp(rank: int, world_size: int, steps: int = 3,
+                     config: TransformerConfig = SMALL, group=None) -> TorchRun:
+    """Rank function: the same training under PyTorch's FSDP2, `fully_shard` per block and
+    then on the whole model (which takes the embedding and head), over `group`."""
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.fsdp import fully_shard
+    r, d = group_rank(group), group_size(group)
+    mesh = DeviceMesh.from_group(group if group is not None else dist.group.WORLD, "cpu")
+    model = make_transformer(config)
+    for block in model.blocks:
+        fully_shard(block, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    cls, kwargs = OPTIMIZERS["adamw"]
+    optimizer = cls(model.parameters(), **kwargs)
+    tokens = make_tokens(config)
+    ids, targets = shard(tokens.inputs, r, d), shard(tokens.targets, r, d)
+    run = TorchRun({})
+    for _ in range(steps):
+        dist.barrier(group=group)
+        t0 = time.perf_counter()
+        lm_loss(model(ids), targets).backward()
+        optimizer.step()
+        dist.barrier(group=group)
+        run.step_s.append(time.perf_counter() - t0)
+        optimizer.zero_grad()
+    run.params = {n: p.full_tensor().detach().clone() for n, p in model.named_parameters()}
+    return run
+
+
+# ----------------------------------------------------------------------------------------
+# In the parent: runs over a LiveRanks, and their tables.
+# ----------------------------------------------------------------------------------------
+
+@dataclass
+class StageResult:
+    """One (stage, d) run: every rank's StageRun, and how it compares with one process."""
+    stage: int
+    d: int
+    config: TransformerConfig
+    ranks: list[StageRun] = field(repr=False)
+    max_diff: float          # largest |parameter − reference| over ranks and parameters
+    bit_identical: bool      # every parameter torch.equal to the reference
+
+    @property
+    def run(self) -> StageRun:
+        """Rank 0's run (every rank holds the same bytes, up to the padding of the last shard)."""
+        return self.ranks[0]
+
+    def formula(self, precision: str = FP32_RUN):
+        """The ZeRO formula's bytes per rank for this run's Ψ and d."""
+        return zero_memory_for(self.config.parameters, self.d, self.stage, precision)
+
+
+def run_stages(ranks, stages=(0, 1, 2, 3), degrees=(1, 2, 4), steps: int = 3,
+               config: TransformerConfig = SMALL, prefetch: bool = False,
+               optimizer: str = "adamw") -> list[StageResult]:
+    """train_stage for every (stage, d) on `ranks` (resized to d), checked against
+    train_reference with torch.testing.assert_close; one StageResult each."""
+    for d in degrees:
+        for stage in stages:
+            check_run(stage, d, config, steps, optimizer)
+    reference = train_reference(steps, config, optimizer)
+    results = []
+    for d in degrees:
+        ranks.resize(d)
+        for stage in stages:
+            runs = ranks.run(train_stage, stage, steps, config, prefetch, optimizer=optimizer)
+            for run in runs:
+                torch.testing.assert_close(run.params, reference)
+            diff = max((run.params[n] - ref).abs().max().item()
+                       for run in runs for n, ref in reference.items())
+            same = all(torch.equal(run.params[n], ref) for run in runs for n, ref in reference.items())
+            results.append(StageResult(stage, d, config, runs, diff, same))
+    return results
+
+
+def rel_error(measured: float, formula: float) -> float:
+    return (measured - formula) / formula
+
+
+def _mb(n: float) -> str:
+    return f"{n / 1e6:8.3f}"
+
+
+def memory_table(results: list[StageResult]) -> str:
+    """Measured state bytes per rank (rank 0) next to the fp32 formula, its relative error,
+    and the lecture's mixed-precision formula for the same Ψ and d (a GPU run), in MB."""
+    lines = [f"{'stage':>5}{'d':>3} |{'params':>9}{'grads':>9}{'optim':>9}{'total':>9} |"
+             f"{'formula':>9}{'error':>8} | {'mixed-precision':>15}",
+             f"{'':>8} | {'measured (fp32 AdamW), MB':^35} | {'fp32, MB':^17} | {'formula, MB':>15}"]
+    for res in results:
+        s, f = res.run.state, res.formula()
+        mixed = res.formula(MIXED_RUN)
+        lines.append(f"{res.stage:>5}{res.d:>3} |{_mb(s.params)} {_mb(s.grads)} {_mb(s.optimizer)}"
+                     f" {_mb(s.total)} |{_mb(f.total)} {rel_error(s.total, f.total):+7.2%} |"
+                     f" {_mb(mixed.total):>15}")
+    return "\n".join(lines)
+
+
+def comm_table(results: list[StageResult]) -> str:
+    """Bytes handed to each collective per step per rank (n, as counted at the call sites),
+    in units of Ψ·4 bytes, and the ring's wire bytes against 2Ψ(d−1)/d or 3Ψ(d−1)/d."""
+    lines = [f"{'stage':>5}{'d':>3} | {'handed to the collectives, in Ψ·4 bytes':<46}|"
+             f"{'wire, MB':>9}{'formula':>9}{'error':>8}"]
+    for res in results:
+        if res.d == 1:
+            continue
+        psi4 = 4 * res.config.parameters
+        run = res.run
+        parts = ", ".join(f"{op} {n / psi4:.4f}" for op, n in run.comm.items())
+        formula = comm_volume(res.stage, res.d, res.config.parameters)
+        lines.append(f"{res.stage:>5}{res.d:>3} | {parts:<45}|{_mb(run.wire_bytes())} "
+                     f"{_mb(formula)} {rel_error(run.wire_bytes(), formula):+7.2%}")
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------------------
+# Activation checkpointing, on one process.
+# ----------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class CheckpointRun:
+    """One forward + backward with or without activation checkpointing."""
+    checkpointed: bool
+    saved_bytes: int        # what autograd keeps after the forward (SavedActivations)
+    forward_s: float        # median forward
+    step_s: float           # median forward + backward (backward recomputes when checkpointed)
+    grads: dict[str, torch.Tensor] = field(repr=False, compare=False)
+
+
+def checkpointing(config: TransformerConfig = SMALL, repeat: int = 5) -> list[CheckpointRun]:
+    """Saved bytes, and medians of a forward and of a forward + backward, without and with
+    `torch.utils.checkpoint` per block; same model, same batch (gradients equal). The two take
+    turns, `repeat` times, so that a shared machine's changing load hits both alike."""
+    check_int("repeat", repeat)
+    model = make_transformer(config)
+    tokens = make_tokens(config)
+
+    def forward(checkpointed: bool):
+        return lm_loss(transformer_forward(model, tokens.inputs, checkpointed), tokens.targets)
+
+    saved, grads, times = {}, {}, {False: ([], []), True: ([], [])}
+    for checkpointed in (False, True):
+        with SavedActivations() as held:
+            loss = forward(checkpointed)
+        loss.backward()
+        saved[checkpointed] = held.bytes
+        grads[checkpointed] = {n: p.grad.clone() for n, p in model.named_parameters()}
+        model.zero_grad()
+    for _ in range(repeat):
+        for checkpointed in (False, True):
+            forwards, steps = times[checkpointed]
+            t0 = time.perf_counter()
+            loss = forward(checkpointed)
+            t1 = time.perf_counter()
+            loss.backward()
+            steps.append(time.perf_counter() - t0)
+            forwards.append(t1 - t0)
+            model.zero_grad()
+    return [CheckpointRun(c, saved[c], statistics.median(times[c][0]),
+                          statistics.median(times[c][1]), grads[c]) for c in (False, True)]
+
+
+def peak_table(results: list[StageResult], d: int) -> str:
+    """Rank 0's peak at data degree d, term by term (MB): what the step starts with
+    (parameters + optimizer state), the saved activations, the end of the forward as the
+    profiler saw it, the forward's and the backward's excursions above that, next to the
+    sizes that explain them: the logits (b·s·V·4 bytes on this rank), the gradient formula,
+    and the largest unit gathered whole (stage 3)."""
+    lines = [f"{'stage':>5} |{'start':>8}{'+ act.':>8}{'= fwd end':>10} |{'fwd +':>7}"
+             f"{'logits':>8} |{'bwd +':>7}{'grads':>8}{'unit':>7} |{'peak':>8}"]
+    for res in results:
+        if res.d != d:
+            continue
+        run, config = res.run, res.config
+        forward, backward, _ = run.phases
+        logits = config.batch // d * config.seq * config.vocab * 4
+        grads = res.formula().grads
+        unit = 4 * max(config.vocab * config.hidden + config.hidden * config.seq,
+                       12 * config.hidden ** 2 + 4 * config.hidden)
+        lines.append(
+            f"{res.stage:>5} |{_mb(forward.start_bytes)}{_mb(run.activations)}"
+            f"{_mb(forward.end_bytes):>10} |{forward.peak_bytes / 1e6 - forward.end_bytes / 1e6:7.3f}"
+            f"{_mb(logits)} |{(backward.peak_bytes - forward.end_bytes) / 1e6:7.3f}"
+            f"{_mb(grads)}{unit / 1e6 if res.stage == 3 else 0:7.3f} |{_mb(run.peak_bytes)}")
+    return "\n".join(lines)
