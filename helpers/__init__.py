@@ -8,14 +8,19 @@
     parallel/          rank-side building blocks, each on any process group (group=None: the world)
         groups.py        rank device, sub-groups, group vs global ranks, collective shims, the portable mean
         collectives.py   the eight collectives (01)         dp.py      DDP wrappers, naive to bucketed (03)
-        zero.py          ZeRO-1 sharded optimizer (03)       tp.py      f/g, column/row-parallel layers (04)
+        zero.py          ZeRO-1 sharded optimizer (03), ZeRO stages 0-2 on flat buckets (08)
+        tp.py            f/g, column/row-parallel layers (04)
         pp.py            pipelines on live ranks (05)        schedules.py  GPipe / 1F1B / interleaved plans
         mesh.py          the (d, t, p) mesh of notebook 07      tp_transformer.py  attention heads split over t
         parallel3d.py    DP × TP × PP on the transformer (07)   layouts.py  calibrating and timing layouts (07)
+        fsdp.py          ZeRO-3 / FSDP from scratch, per unit, optional prefetch (08)
+        memory.py        what a rank holds: state bytes, saved activations, profiler peak, collective bytes (08)
+        memory_run.py    notebook 08's runs: each ZeRO stage trained and measured, FSDP2, checkpointing
         experts.py       expert parallelism: MoE over all-to-all (09)   ring_attention.py  context parallelism (09)
     cost/              pure arithmetic, no torch, no processes
         alpha_beta.py    the one α–β model of a collective, and its fit   tp.py   when tensor parallelism pays
-        memory.py        ZeRO memory per rank     bubble.py   the pipeline bubble     roofline.py   the roofline
+        memory.py        ZeRO memory per rank, activations, communication volume (03, 08)
+        bubble.py        the pipeline bubble     roofline.py   the roofline
         parallel3d.py    a 3-D layout's step time from calibrated equations (07)
         experts.py       expert capacity, all-to-all bytes    context.py  ring bytes, causal work per rank, ring idle (09)
     hardware.py        GPU records (notebook 00 and the simulator share them); hierarchy.py their table

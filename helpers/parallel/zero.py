@@ -1,4 +1,4 @@
-"""ZeRO-1: shard the optimizer state across the data-parallel ranks.
+"""ZeRO-1 and ZeRO-2: shard the optimizer state, then the gradients too, over the DP ranks.
 
 In data parallelism every rank holds the same parameters, gradients and optimizer state.
 Adam's state (two moments, plus an fp32 master copy in mixed precision) is the biggest of
@@ -7,6 +7,9 @@ the three, and every rank updates every parameter identically: wasted memory and
 rank keeps the optimizer state of, and steps, only its own; then each owner broadcasts its
 updated parameters. The arithmetic per parameter is exactly the unsharded optimizer's, so
 results are bit for bit the same on CPU.
+
+`ZeroDP` (notebook 08) runs stages 0, 1 and 2 on flat gradient buckets: stage 2 reduce-scatters
+each bucket during backward and keeps only its shard. ZeRO-3 is `helpers.parallel.fsdp`.
 
 The memory model for ZeRO stages 0-3 is `helpers.cost.memory`.
 """
@@ -17,12 +20,15 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch import nn
 
-from helpers.checks import check_int
+from helpers.checks import check_choice, check_int, check_number
 from helpers.cost.memory import FP32_ADAM_BYTES, zero_memory_per_rank
 from helpers.models import LECTURE, MLPConfig, make_batch, make_mlp, mlp_loss
-from helpers.parallel.dp import OPTIMIZERS
-from helpers.parallel.groups import global_rank, group_rank, group_size, rank_device
+from helpers.parallel.dp import OPTIMIZERS, broadcast_from_rank0
+from helpers.parallel.groups import (all_gather_into, global_rank, group_rank, group_size,
+                                     rank_device, reduce_scatter_into)
+from helpers.parallel.memory import CommLog
 
 
 class ShardedOptimizer(torch.optim.Optimizer):
@@ -203,15 +209,6 @@ def state_bytes_table(rows: list[StateBytesRow], psi: int) -> str:
 # ----------------------------------------------------------------------------------------
 # Notebook 08: ZeRO stages 0, 1 and 2 on flat buckets.
 # ----------------------------------------------------------------------------------------
-#
-# (Imports here, not at the top: this section was added to an existing module in a later
-# wave; hoist them when merging.)
-from torch import nn  # noqa: E402
-
-from helpers.checks import check_choice, check_number  # noqa: E402
-from helpers.parallel.dp import broadcast_from_rank0  # noqa: E402
-from helpers.parallel.groups import all_gather_into, reduce_scatter_into  # noqa: E402
-from helpers.parallel.memory import CommLog  # noqa: E402
 
 ZERO_DP_STAGES = (0, 1, 2)
 
