@@ -470,6 +470,9 @@ class Notebook:
         """The input of `act`, with everything measured beforehand, as a callable that only sends
         the input events (for inputs that must land within a fraction of a second)."""
         page = self.page
+        if kind == "dropdown" and to not in ("first", "last"):
+            select = ctl.locator("select")
+            return lambda: select.select_option(label=to)
         if kind != "slider":
             return lambda: self.act(ctl, kind, to)
         ctl.scroll_into_view_if_needed()
@@ -484,7 +487,6 @@ class Notebook:
             page.mouse.down()
             page.mouse.move(x, y, steps=1)
             page.mouse.up()
-            return self.value_of(ctl, kind)
         return send
 
     def _fraction(self, handle, target: str) -> float:
