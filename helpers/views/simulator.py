@@ -201,7 +201,7 @@ def summary_html(rows: list[SummaryRow]) -> str:
             top = " style='border-top:1px solid #999'" if k == 0 else ""
             body.append(f"<tr{top}><td>{name}</td><td>{html.escape(label)}</td>" + "".join(
                 f"<td>{_fmt(getattr(c, key), spec)}</td>" for key, spec in _CELLS) + "</tr>")
-    return ("<table style='font-size:12px;border-collapse:collapse;max-width:100%'>"
+    return ("<table cellpadding='3' style='font-size:12px;border-collapse:collapse;max-width:100%'>"
             + head + "".join(body) + "</table><p style='font-size:12px'>cost = GPUs × price "
             "per GPU (hardware only); — where no price is set or no point qualifies.</p>")
 
@@ -458,7 +458,7 @@ class SimulatorApp:
                           for k in ("tp", "pp", "dp")}
         self.f_price = W.Text(placeholder="unknown")
         self.f_add = W.Button(description="Add configuration", button_style="primary",
-                              layout=W.Layout(width="auto"))
+                              layout=W.Layout(width="auto", flex="0 0 auto"))  # never cut
         self.f_message = W.HTML()
         self.f_preset.observe(self.on_preset, names="value")
         self.f_levels.observe(self.on_levels, names="value")

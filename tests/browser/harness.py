@@ -529,6 +529,9 @@ class Notebook:
         SHOTS.mkdir(exist_ok=True)
         path = SHOTS / f"{self.stem}--{re.sub(r'[^A-Za-z0-9_.=-]+', '_', name)}.png"
         area.scroll_into_view_if_needed()
+        # every image decoded first (a large PNG still decoding shows as blank space)
+        area.evaluate("a => Promise.all([...a.querySelectorAll('img')].map("
+                      "i => i.decode().catch(() => null)))")
         area.screenshot(path=str(path))
         return path
 

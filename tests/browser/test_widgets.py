@@ -28,6 +28,7 @@ class Step:
     to: str | None = None     # slider: min | max | a readout; dropdown: first | last | an option;
                               # toggle: the button's text
     image: bool = True        # the output shows an image afterwards, and a different one
+    images: int = 1           # ... at least this many images
     text: str = ""            # regex the output text matches afterwards; {value} = the new value
     change: bool | None = True  # False: output must stay as it was (waits for a button);
                               # None: either (a button that may find nothing new to show)
@@ -145,10 +146,10 @@ WIDGETS = (
     Widget("07_parallelism_3d.ipynb", "widget_parallel3d(", (
         Step(r"d·t·p", "dropdown", "last", image=False, change=False),
         Step(r"^m$", "dropdown", "last", image=False, change=False),
-        Step(r"^run$", "button", text=r"measured \d+ ms", timeout=120),
+        Step(r"^run$", "button", text=r"measured \d+ ms", images=2, timeout=120),  # + Gantt
         Step(r"d·t·p", "dropdown", "first", image=False, change=False),
         Step(r"^m$", "dropdown", "first", image=False, change=False),
-        Step(r"^run$", "button", text=r"measured \d+ ms", timeout=120),
+        Step(r"^run$", "button", text=r"measured \d+ ms", images=2, timeout=120),
     )),
 )
 
@@ -174,8 +175,9 @@ def check(step: Step, before: dict, after: dict, value: str) -> list[str]:
     if step.change is False and (after["text"], after["images"]) != (before["text"], before["images"]):
         problems.append("output changed although this control should wait for a button")
     if step.image and step.change is not False:
-        if not after["images"]:
-            problems.append(f"no image in the output; text: {after['text'][-300:]!r}")
+        if len(after["images"]) < step.images:
+            problems.append(f"{len(after['images'])} images in the output, want {step.images}; "
+                            f"text: {after['text'][-300:]!r}")
         elif after["images"] == before["images"]:
             problems.append("the image did not change")
     if step.text:
