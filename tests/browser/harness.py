@@ -337,7 +337,7 @@ class Notebook:
                 if attempt == 2:
                     raise
 
-    def wait_run_all(self, timeout: float = 240) -> float:
+    def wait_run_all(self, timeout: float = 900) -> float:
         """Wait until every code cell shows an execution count and the kernel is idle; seconds
         since `start_run_all`. On timeout, says which cells had not run."""
         try:
