@@ -36,7 +36,7 @@ class Bench:
 
 
 BENCHES = (
-    Bench("00_hardware_hierarchy.ipynb", "widget_roofline(", r"^n\b|matrix", "slider",
+    Bench("00_hardware_hierarchy.ipynb", "widget_roofline(", r"^matrix size", "slider",
           ("max", "min"), 0.2, "n"),
     Bench("00_hardware_hierarchy.ipynb", "widget_roofline(", r"dtype", "dropdown",
           ("last", "first"), 0.2, "dtype"),
@@ -55,11 +55,11 @@ BENCHES = (
     Bench("05_pipeline_parallelism.ipynb", "widget_pipeline(", r"^m\b|micro", "slider",
           ("8", "4"), 0.3, "m 4↔8 (p, schedule at default, wait mode)"),
     Bench("06_cost_simulator.ipynb", "widget_simulator(", r"grid point", "slider",
-          ("min", "max"), 0.2, "step-time breakdown: grid point",
-          before=((r"step-time|breakdown", "tab", None),)),
+          ("min", "max"), 0.2, "step breakdown: grid point",
+          before=((r"step breakdown", "tab", None),)),
     Bench("06_cost_simulator.ipynb", "widget_simulator(", r"configuration", "dropdown",
-          ("last", "first"), 0.2, "parallelism vs compute: configuration",
-          before=((r"parallelism vs", "tab", None),)),
+          ("last", "first"), 0.2, "layout vs compute: configuration",
+          before=((r"layout vs compute", "tab", None),)),
     Bench("06_cost_simulator.ipynb", "widget_simulator(", r"largest runs|MFU", "tab",
           (None, None), 0.2, "tabs: largest runs / MFU vs compute"),
 )

@@ -125,7 +125,7 @@ def test_summary_has_the_benchmarks_fields():
     assert "+10%" in table(rows)
 
 
-def test_views_draw():
+def test_views_draw(monkeypatch):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -139,6 +139,10 @@ def test_views_draw():
     assert all(isinstance(f, Figure) for f in figs)
     plt.close("all")
     from helpers.models import TRANSFORMER
+    from helpers.views import parallel3d as views
+    # This calibration prices TINY's shapes only: the widget offers none of the decoder's.
+    assert not views._priced(Layout(4, 1, 1, 2), TRANSFORMER, _calibration(4.0))
+    monkeypatch.setattr(views, "_priced", lambda *_: True)   # as if every shape was calibrated
     widget = widget_parallel3d(SimpleNamespace(world_size=4), _calibration(4.0), TRANSFORMER)
     mesh_box, m_box, _ = widget.children[0].children
     assert len(mesh_box.options) == 6          # every d·t·p = 4 divides the default decoder

@@ -28,7 +28,13 @@ def test_a_4_rank_layout_under_torchrun_has_the_single_process_loss():
     assert loss == pytest.approx(reference_3d().loss, rel=1e-5)
 
 
-def test_parallel3d_run_refuses_a_bad_layout_before_starting():
-    done = subprocess.run([sys.executable, "-m", "helpers.parallel3d_run", "--tensor", "3"], cwd=ROOT,
-                          capture_output=True, text=True, timeout=120)
-    assert done.returncode != 0 and "heads must be a multiple of 3" in done.stderr
+def test_parallel3d_run_refuses_a_bad_layout_before_starting(monkeypatch):
+    # In this process (no second torch import): the check raises before any rendezvous.
+    from helpers import parallel3d_run
+    monkeypatch.setattr(parallel3d_run, "init_from_env", _never_started)
+    with pytest.raises(ValueError, match="heads must be a multiple of 3"):
+        parallel3d_run.main(["--tensor", "3"])
+
+
+def _never_started():
+    raise AssertionError("a bad layout must be refused before the process group starts")

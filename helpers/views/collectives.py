@@ -3,6 +3,7 @@ value; and the widget that re-runs every collective on live ranks."""
 from __future__ import annotations
 
 import atexit
+import html
 import io
 import queue
 import threading
@@ -257,11 +258,11 @@ def widget_collectives(live) -> W.Widget:
                          continuous_update=False, style=style)
     view = CollectivesView(live)
     image = W.Image(format="png", layout=W.Layout(width="860px"))
-    note = W.Label()
+    note = W.HTML()   # beside the picture, naming what it shows
 
     def redraw(*_):
         picture, text = view.update(size.value, length.value)
-        image.value, note.value = picture, text
+        image.value, note.value = picture, html.escape(text)
 
     size.observe(redraw, names="value")
     length.observe(redraw, names="value")

@@ -185,11 +185,13 @@ MATRIX_SIZES = tuple(2**k for k in range(15))   # n = 1 … 16384, one stop per 
 
 
 def roofline_text(roofs: list[Roofline], n: int, dtype: str) -> str:
-    """What the widget prints under the figure: per machine, compute- or memory-bound."""
+    """What the widget prints under the figure: the matmul, then per machine, compute- or
+    memory-bound."""
     return "\n".join(
-        f"{v.machine:>24}: {v.bound:<13} reaches {100 * v.attainable_fraction:5.1f}% of peak "
-        f"(intensity {v.intensity:.3g} vs ridge {v.ridge:.3g} FLOP/B)"
-        for v in matmul_verdicts(n, dtype, roofs))
+        [f"n×n×n matmul, n = {n:,}, {dtype}:"]
+        + [f"{v.machine:>24}: {v.bound:<13} reaches {100 * v.attainable_fraction:5.1f}% of peak "
+           f"(intensity {v.intensity:.3g} vs ridge {v.ridge:.3g} FLOP/B)"
+           for v in matmul_verdicts(n, dtype, roofs)])
 
 
 def png(fig: Figure, dpi: int = 80) -> bytes:

@@ -72,14 +72,29 @@ def plot_gantt(timelines, title: str = "one step, rank by rank"):
     return fig
 
 
+def _priced(layout: Layout, config, calibration) -> bool:
+    """Can `predict` price this layout (every shape it runs was calibrated)?"""
+    try:
+        predict(layout, config, calibration)
+    except ValueError:
+        return False
+    return True
+
+
 def widget_parallel3d(live, calibration, config, steps: int = 3):
     """Choose d, t, p (only factorizations of the live world size) and m (only those that
-    split the batch), run `steps` steps of the layout on the live ranks (built once, kept on
+    split the batch and that the calibration can price), run `steps` steps of the layout on the live ranks (built once, kept on
     them), show its median step's measured and predicted breakdown and the Gantt chart of
     its ranks."""
     world = live.world_size
+
+    def ms_of(mesh) -> list[int]:   # the m that split the batch and the calibration can price
+        return [m for m in range(1, config.batch + 1)
+                if layout_problem(Layout(mesh.d, mesh.t, mesh.p, m), config) is None
+                and _priced(Layout(mesh.d, mesh.t, mesh.p, m), config, calibration)]
+
     meshes = [mesh for mesh in factorizations(world)
-              if layout_problem(Layout(mesh.d, mesh.t, mesh.p), config) is None]
+              if layout_problem(Layout(mesh.d, mesh.t, mesh.p), config) is None and ms_of(mesh)]
     mesh_box = widgets.Dropdown(options=[(f"d={x.d} · t={x.t} · p={x.p}", x) for x in meshes],
                                 description="d·t·p")
     m_box = widgets.Dropdown(description="m")
@@ -88,8 +103,7 @@ def widget_parallel3d(live, calibration, config, steps: int = 3):
 
     def valid_m(*_):
         mesh = mesh_box.value
-        m_box.options = [m for m in range(1, config.batch + 1)
-                         if layout_problem(Layout(mesh.d, mesh.t, mesh.p, m), config) is None]
+        m_box.options = ms_of(mesh)
         m_box.value = 4 if mesh.p > 1 and 4 in m_box.options else 1
 
     def on_run(_):

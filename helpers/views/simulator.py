@@ -13,7 +13,7 @@ import base64
 import html
 from dataclasses import dataclass, replace
 import ipywidgets as W
-from IPython.display import display
+from IPython.display import Image, display
 from matplotlib.figure import Figure
 
 from helpers.hardware import GPU, GTX_580, H100_SXM, KIB, MIB, NetworkLevel, PRESETS
@@ -22,6 +22,7 @@ from helpers.simulator.config import PRICES_USD, gpu_to_json, validate_gpu
 from helpers.simulator.curve import Curve, Point, run_curve
 from helpers.simulator.report import SECONDS_PER_MONTH, bubble_seconds, dumps, price_of
 from helpers.simulator.settings import BATCH_LAWS, SCHEDULES, Settings, validate_settings
+from helpers.views.hardware import png
 
 
 @dataclass
@@ -84,6 +85,7 @@ def plot_mfu(curves: dict[str, Curve], relative: bool = False) -> Figure:
             ax.axvline(curve.points[-1].model.C, color=color, ls=":", lw=1)
         seen.append((name, curve))
     ax.set_xscale("log")
+    ax.minorticks_off()   # decades only: minor ticks cost most of a redraw
     ax.set_xlabel("training compute C (FLOP)")
     ax.set_ylabel("MFU ÷ the GPU's ceiling" if relative else "MFU (against peak FLOP/s)")
     ax.set_ylim(0, 1.05 if relative else 1)
@@ -108,6 +110,7 @@ def plot_degrees(curve: Curve, name: str = "") -> Figure:
                 marker=".", label=label)
     ax.set_xscale("log")
     ax.set_yscale("log", base=2)
+    ax.minorticks_off()
     ax.set_xlabel("training compute C (FLOP)")
     ax.set_ylabel("degree")
     ax.grid(alpha=0.3)
@@ -198,7 +201,7 @@ def summary_html(rows: list[SummaryRow]) -> str:
             top = " style='border-top:1px solid #999'" if k == 0 else ""
             body.append(f"<tr{top}><td>{name}</td><td>{html.escape(label)}</td>" + "".join(
                 f"<td>{_fmt(getattr(c, key), spec)}</td>" for key, spec in _CELLS) + "</tr>")
-    return ("<table style='font-size:12px;border-collapse:collapse;max-width:100%'>"
+    return ("<table cellpadding='3' style='font-size:12px;border-collapse:collapse;max-width:100%'>"
             + head + "".join(body) + "</table><p style='font-size:12px'>cost = GPUs × price "
             "per GPU (hardware only); — where no price is set or no point qualifies.</p>")
 
@@ -455,7 +458,7 @@ class SimulatorApp:
                           for k in ("tp", "pp", "dp")}
         self.f_price = W.Text(placeholder="unknown")
         self.f_add = W.Button(description="Add configuration", button_style="primary",
-                              layout=W.Layout(width="auto"))
+                              layout=W.Layout(width="auto", flex="0 0 auto"))  # never cut
         self.f_message = W.HTML()
         self.f_preset.observe(self.on_preset, names="value")
         self.f_levels.observe(self.on_levels, names="value")
@@ -627,7 +630,10 @@ class SimulatorApp:
 
     @staticmethod
     def _show(out: W.Output, thing) -> None:
-        """Hand a finished figure or widget to an Output (never matplotlib's flush hook)."""
+        """Hand a finished figure (as a PNG encoded here: one draw, no tight bounding box) or
+        widget to an Output (never matplotlib's flush hook)."""
+        if isinstance(thing, Figure):
+            thing = Image(png(thing))
         out.clear_output(wait=True)
         with out:
             display(thing)

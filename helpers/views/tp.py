@@ -4,12 +4,13 @@ nothing here displays except the widget's own callback (`show_choice`)."""
 from __future__ import annotations
 
 import ipywidgets as w
-from IPython.display import display
+from IPython.display import Image, display
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
 from helpers.cost.tp import LAYOUTS, TPHardware, best_t, describe, tp_curve
 from helpers.parallel.tp import Comm, Holds, Layer, layout_schedule
+from helpers.views.hardware import png
 
 T_OPTIONS = (1, 2, 4, 8, 16, 32, 64)
 HIDDEN_OPTIONS = tuple(2**k for k in range(8, 16))   # 256 … 32768
@@ -57,8 +58,10 @@ def plot_curve(hidden: int, hardware: TPHardware, tokens: int, t: int | None = N
                ax=None) -> Figure:
     """Compute and communication time per layer against t (log-log), the chosen t marked.
     Draws on `ax` when given (and returns its figure)."""
-    if ax is None:
-        ax = Figure(figsize=(6.4, 3.6), layout="constrained").subplots()
+    if ax is None:   # fixed margins: no layout engine re-run on every redraw of the widget
+        fig = Figure(figsize=(6.4, 3.6))
+        fig.subplots_adjust(left=0.12, right=0.98, bottom=0.14, top=0.92)
+        ax = fig.subplots()
     rows = tp_curve(hidden, hardware, tokens)
     ts = [r.t for r in rows]
     ax.plot(ts, [r.compute_s * 1e6 for r in rows], "o-", label="compute / rank")
@@ -73,14 +76,16 @@ def plot_curve(hidden: int, hardware: TPHardware, tokens: int, t: int | None = N
     ax.set(xscale="log", yscale="log", xlabel="tensor degree t", ylabel="µs per layer per step",
            title=f"{hardware.name}: h = {hidden}, b·s = {tokens}")
     ax.set_xticks(ts, [str(v) for v in ts])
+    ax.minorticks_off()   # the labelled powers of two and decades are enough (and cheap to draw)
     ax.legend(fontsize=8)
     return ax.figure
 
 
 def show_choice(choices: dict[str, TPHardware], t: int, hidden: int, tokens: int,
                 hardware: str) -> str:
-    """The widget's callback: display the curve and its sentence for one setting of the sliders."""
-    display(plot_curve(hidden, choices[hardware], tokens, t))
+    """The widget's callback: display the curve (as a PNG encoded here, one draw) and its
+    sentence for one setting of the sliders."""
+    display(Image(png(plot_curve(hidden, choices[hardware], tokens, t))))
     text = describe(t, hidden, choices[hardware], tokens)
     print(text)
     return text

@@ -218,7 +218,8 @@ FIND_CONTROL_JS = r"""
   const BARE = 'button, .lm-TabBar-tab, .p-TabBar-tab, .jupyter-widget-Collapse-header, ' +
                '.p-Collapse-header, .lm-AccordionPanel-title';
   const labelOf = (el) => {
-    if (el.matches(BARE)) return el.textContent.trim();
+    if (el.matches(BARE) || el.matches('.widget-checkbox'))
+      return el.textContent.replace(/\u200b/g, '').trim();
     const own = el.querySelector(':scope > .widget-label, :scope > label');
     let text = own ? own.textContent.trim() : '';
     if (!text) {
@@ -257,6 +258,30 @@ OUTPUT_STATE_JS = r"""
 """
 
 
+# Resolves with the output's state once it is ready (changed from `before` where a change is
+# expected, with an image where one is wanted), the kernel idle and nothing changed for quietMs.
+SETTLE_JS = """
+(area, [before, expectChange, wantImage, quietMs, timeoutMs]) => new Promise(resolve => {
+  const state = %s;
+  const sig = (s) => JSON.stringify([s.text, s.images, s.errors]);
+  const base = sig(before), t0 = performance.now();
+  let last = null, lastChange = t0, changed = false;
+  const tick = () => {
+    const now = state(area), s = sig(now), t = performance.now();
+    if (s !== last) { last = s; lastChange = t; }
+    changed = changed || s !== base;
+    const ind = document.querySelector('.jp-Notebook-ExecutionIndicator');
+    const idle = !ind || ind.getAttribute('data-status') === 'idle';
+    const ready = (changed || !expectChange) && (now.images.length > 0 || !wantImage);
+    if (((ready || t - t0 > timeoutMs) && idle && t - lastChange >= quietMs)
+        || t - t0 > timeoutMs + 30000) return resolve(now);
+    setTimeout(tick, 40);
+  };
+  tick();
+})
+""" % OUTPUT_STATE_JS.strip()
+
+
 def kernel_status_js() -> str:
     return ("() => { const e = document.querySelector('.jp-Notebook-ExecutionIndicator');"
             " return e ? e.getAttribute('data-status') : null; }")
@@ -273,6 +298,7 @@ class Notebook:
         self.page.on("pageerror", lambda e: self.console.append(f"pageerror: {e}"))
         self.seen_errors = 0
         self.ids = 0
+        self.run_started: float | None = None
 
     # -- notebook level
     def open(self, timeout: float = 90) -> None:
@@ -288,9 +314,14 @@ class Notebook:
             timeout=timeout * 1000, polling=200)
 
     def run_all(self, timeout: float = 240) -> float:
-        """Run ▸ Run All Cells from the menu bar; wait until every code cell has run and the kernel
-        is idle. Returns the seconds it took."""
-        t0 = time.monotonic()
+        """Run ▸ Run All Cells; wait until every code cell has run. Returns the seconds it took."""
+        self.start_run_all()
+        return self.wait_run_all(timeout)
+
+    def start_run_all(self) -> None:
+        """Run ▸ Run All Cells from the menu bar, returning once the cells are queued (the kernel
+        goes on in the background: the session runs the next notebooks while it tests this one)."""
+        self.run_started = time.monotonic()
         for attempt in range(3):  # a click while the app is still activating can be lost
             self.page.locator(".lm-MenuBar-item").filter(
                 has_text=re.compile(r"^\s*Run\s*$")).click()
@@ -300,19 +331,32 @@ class Notebook:
                 self.page.wait_for_function(
                     "() => [...document.querySelectorAll('.jp-CodeCell .jp-InputArea-prompt')]"
                     ".some(p => p.textContent.includes('*'))", timeout=10_000, polling=50)
-                break
+                return
             except Exception:
                 self.page.keyboard.press("Escape")
                 if attempt == 2:
                     raise
-        self.page.wait_for_function(
-            """() => {
-                 const prompts = [...document.querySelectorAll('.jp-CodeCell .jp-InputArea-prompt')];
-                 const ind = document.querySelector('.jp-Notebook-ExecutionIndicator');
-                 return prompts.length > 0 && prompts.every(p => /\\[\\d+\\]/.test(p.textContent))
-                        && ind && ind.getAttribute('data-status') === 'idle';
-               }""", timeout=timeout * 1000, polling=250)
-        return time.monotonic() - t0
+
+    def wait_run_all(self, timeout: float = 900) -> float:
+        """Wait until every code cell shows an execution count and the kernel is idle; seconds
+        since `start_run_all`. On timeout, says which cells had not run."""
+        try:
+            self.page.wait_for_function(
+                """() => {
+                     const prompts = [...document.querySelectorAll('.jp-CodeCell .jp-InputArea-prompt')];
+                     const ind = document.querySelector('.jp-Notebook-ExecutionIndicator');
+                     return prompts.length > 0 && prompts.every(p => /\\[\\d+\\]/.test(p.textContent))
+                            && ind && ind.getAttribute('data-status') === 'idle';
+                   }""", timeout=timeout * 1000, polling=200)
+        except Exception:
+            prompts = self.page.eval_on_selector_all(
+                ".jp-CodeCell .jp-InputArea-prompt", "els => els.map(e => e.textContent.trim())")
+            status = self.page.evaluate(kernel_status_js())
+            pending = [f"cell {i} {p!r}" for i, p in enumerate(prompts)
+                       if not re.fullmatch(r"\[\d+\]:?", p)]
+            raise AssertionError(f"Run All not finished after {timeout:.0f} s: kernel {status}, "
+                                 f"not run: {pending[:8]} of {len(prompts)} code cells") from None
+        return time.monotonic() - self.run_started
 
     def error_outputs(self) -> list[str]:
         """Tracebacks shown in the notebook (cells that raised)."""
@@ -368,15 +412,25 @@ class Notebook:
             return ctl.locator("input").input_value()
         if kind == "checkbox":
             return str(ctl.locator("input").is_checked())
+        if kind == "toggle":
+            return ctl.locator("button.mod-active").inner_text().strip()
         return ctl.inner_text().strip()
 
-    def act(self, ctl, kind: str, to: str | None) -> str:
+    @staticmethod
+    def _handle(ctl, to: str | None, which: str | None):
+        """A slider's handle: `which` = "low" or "high" on a range slider, else the one that
+        moves towards `to` (the upper one of a range towards "max")."""
+        handles = ctl.locator(".noUi-handle")
+        if which is None:
+            which = "high" if to == "max" else "low"
+        return handles.last if (which == "high" and handles.count() > 1) else handles.first
+
+    def act(self, ctl, kind: str, to: str | None, handle: str | None = None) -> str:
         """Do one input on a control, as a reader would. Returns the control's new value text."""
         page = self.page
         if kind == "slider":
             ctl.scroll_into_view_if_needed()
-            handles = ctl.locator(".noUi-handle")
-            handle = handles.last if (to == "max" and handles.count() > 1) else handles.first
+            handle = self._handle(ctl, to, handle)
             base = ctl.locator(".noUi-base").bounding_box()
             hb = handle.bounding_box()
             x0, y = hb["x"] + hb["width"] / 2, hb["y"] + hb["height"] / 2
@@ -405,6 +459,9 @@ class Notebook:
             box.press("Enter")
         elif kind == "checkbox":
             ctl.locator("input").click()
+        elif kind == "toggle":
+            ctl.locator("button").filter(
+                has_text=re.compile(rf"^\s*{re.escape(to or '')}\s*$")).click()
         else:  # button, tab
             ctl.click()
         return self.value_of(ctl, kind)
@@ -413,11 +470,13 @@ class Notebook:
         """The input of `act`, with everything measured beforehand, as a callable that only sends
         the input events (for inputs that must land within a fraction of a second)."""
         page = self.page
+        if kind == "dropdown" and to not in ("first", "last"):
+            select = ctl.locator("select")
+            return lambda: select.select_option(label=to)
         if kind != "slider":
             return lambda: self.act(ctl, kind, to)
         ctl.scroll_into_view_if_needed()
-        handles = ctl.locator(".noUi-handle")
-        handle = handles.last if (to == "max" and handles.count() > 1) else handles.first
+        handle = self._handle(ctl, to, None)
         base, hb = ctl.locator(".noUi-base").bounding_box(), handle.bounding_box()
         x0, y = hb["x"] + hb["width"] / 2, hb["y"] + hb["height"] / 2
         x = {"min": base["x"] - 60, "max": base["x"] + base["width"] + 60}.get(
@@ -428,7 +487,6 @@ class Notebook:
             page.mouse.down()
             page.mouse.move(x, y, steps=1)
             page.mouse.up()
-            return self.value_of(ctl, kind)
         return send
 
     def _fraction(self, handle, target: str) -> float:
@@ -459,31 +517,21 @@ class Notebook:
         raise AssertionError(f"slider did not reach {target!r} (at {readout()!r})")
 
     def settle(self, area, before: dict, expect_change: bool = True, timeout: float = 60,
-               quiet: float = 0.6, want_image: bool = False) -> dict:
+               quiet: float = 0.25, want_image: bool = False) -> dict:
         """Wait until the output has changed from `before` (when a change is expected), shows an
         image (when `want_image`: callbacks that print before they draw), and then stayed the same
-        for `quiet` seconds with the kernel idle. Returns the final state."""
-        t0 = time.monotonic()
-        last, last_change = before, t0
-        changed = False
-        while True:
-            time.sleep(0.1)
-            now = self.state(area)
-            t = time.monotonic()
-            if now != last:
-                last, last_change = now, t
-            changed = changed or now != before
-            idle = self.page.evaluate(kernel_status_js()) in ("idle", None)
-            ready = (changed or not expect_change) and (now["images"] or not want_image)
-            if (ready or t - t0 > timeout) and idle and t - last_change >= quiet:
-                return last
-            if t - t0 > timeout + quiet + 30:
-                return last
+        for `quiet` seconds with the kernel idle. Returns the final state. Watched in the page
+        (every 40 ms), so a settled output is seen at once."""
+        return area.evaluate(SETTLE_JS, [before, expect_change, want_image,
+                                         quiet * 1000, timeout * 1000])
 
     def screenshot(self, area, name: str) -> Path:
         SHOTS.mkdir(exist_ok=True)
         path = SHOTS / f"{self.stem}--{re.sub(r'[^A-Za-z0-9_.=-]+', '_', name)}.png"
         area.scroll_into_view_if_needed()
+        # every image decoded first (a large PNG still decoding shows as blank space)
+        area.evaluate("a => Promise.all([...a.querySelectorAll('img')].map("
+                      "i => i.decode().catch(() => null)))")
         area.screenshot(path=str(path))
         return path
 
