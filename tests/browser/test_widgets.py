@@ -151,6 +151,28 @@ WIDGETS = (
         Step(r"^m$", "dropdown", "first", image=False, change=False),
         Step(r"^run$", "button", text=r"measured \d+ ms", images=2, timeout=120),
     )),
+    Widget("08_memory.ipynb", "widget_memory_planner(", (
+        Step(r"^model$", "dropdown", "last"),
+        Step(r"^model$", "dropdown", "first"),
+        Step(r"^d \(", "slider", "max"),
+        Step(r"^d \(", "slider", "min"),
+        Step(r"^ZeRO stage", "toggle", "0"),
+        Step(r"^ZeRO stage", "toggle", "3"),
+        Step(r"activation checkpointing", "checkbox", "on"),
+        Step(r"activation checkpointing", "checkbox", "off"),
+        Step(r"^dtypes$", "dropdown", "last"),
+        Step(r"^dtypes$", "dropdown", "first"),
+    )),
+    Widget("09_experts_long_context.ipynb", "widget_experts(", (
+        Step(r"experts per token", "toggle", "top-2", text=r"token slots; \d+ dropped"),
+        Step(r"experts per token", "toggle", "top-1", text=r"token slots; \d+ dropped"),
+        Step(r"capacity factor", "slider", "min", text=r"token slots; [1-9]\d* dropped"),
+        Step(r"capacity factor", "slider", "max", text=r"token slots; \d+ dropped"),
+        Step(r"router skew", "slider", "max", text=r"the busiest rank computes"),
+        Step(r"router skew", "slider", "min", text=r"the busiest rank computes"),
+        Step(r"router seed", "slider", "max", text=r"token slots"),
+        Step(r"router seed", "slider", "min", text=r"token slots"),
+    ), shows=r"token slots; \d+ dropped"),
 )
 
 BY_NOTEBOOK = {w.notebook: w for w in WIDGETS}
