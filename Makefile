@@ -20,25 +20,22 @@ ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
 lab: $(STAMP)
 	$(VENV)/bin/jupyter lab --ServerApp.ip=127.0.0.1 --ServerApp.root_dir=. $(ROOT_FLAG) notebooks/00_hardware_hierarchy.ipynb
 
-# Unit tests (tests/test_torchrun.py runs a demo under torchrun with 2 CPU ranks), every notebook
-# top to bottom under nbval (comparing the cells marked NBVAL_CHECK_OUTPUT), and the widgets in a
-# real browser (JupyterLab + Debian's headless Chromium: `apt-get install chromium`, which .ci/run
-# does; screenshots in browser-shots/; without a Chromium they are skipped, and the summary says so
-# on one line, -rs). The three run side by side: each spends much of its time waiting (on ranks,
-# kernels, the page), so together they take about half the time they take in a row. The
-# unit tests print as they go; the notebooks' and the browser's reports follow from test-logs/.
+# Unit tests (tests/test_torchrun.py runs a demo under torchrun with 2 CPU ranks) and every
+# notebook top to bottom under nbval (comparing the cells marked NBVAL_CHECK_OUTPUT), side by side:
+# both spend much of their time waiting on ranks and kernels. The unit tests print as they go; the
+# notebooks' report follows from test-logs/. The browser tests are `make browser` (not yet here:
+# with them the suite would take over 15 minutes on 2 cores).
 test: $(STAMP)
 	@mkdir -p test-logs; \
 	$(PY) -m pytest --nbval-lax --nbval-sanitize-with tests/sanitize.cfg notebooks -q -p no:cacheprovider > test-logs/notebooks.txt 2>&1 & nb=$$!; \
-	$(PY) -m pytest tests/browser -q -rs -p no:cacheprovider > test-logs/browser.txt 2>&1 & br=$$!; \
 	$(PY) -m pytest tests -q --ignore=tests/browser; unit=$$?; \
-	wait $$nb; notebooks=$$?; wait $$br; browser=$$?; \
+	wait $$nb; notebooks=$$?; \
 	echo "== notebooks under nbval (test-logs/notebooks.txt)"; cat test-logs/notebooks.txt; \
-	echo "== widgets in the browser (test-logs/browser.txt)"; cat test-logs/browser.txt; \
-	echo "== make test: unit tests rc=$$unit, notebooks rc=$$notebooks, browser rc=$$browser"; \
-	test $$unit -eq 0 && test $$notebooks -eq 0 && test $$browser -eq 0
+	echo "== make test: unit tests rc=$$unit, notebooks rc=$$notebooks"; \
+	test $$unit -eq 0 && test $$notebooks -eq 0
 
-# The browser tests alone.
+# The widgets in a real browser (JupyterLab + Debian's headless Chromium: `apt-get install chromium`;
+# screenshots in browser-shots/; without a Chromium they are skipped, and the summary says so, -rs).
 browser: $(STAMP)
 	$(PY) -m pytest tests/browser -q -rs -p no:cacheprovider
 
