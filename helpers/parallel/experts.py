@@ -24,7 +24,6 @@ Bytes are counted per rank as what it hands to the network: every row it sends t
 """
 from __future__ import annotations
 
-import contextlib
 import statistics
 import time
 from dataclasses import dataclass
@@ -39,7 +38,7 @@ from helpers.cost.experts import check_expert_degree, moe_step_bytes, sent_bytes
 from helpers.models import (MOE, TRANSFORMER, MoE, MoEConfig, MoEStats, TransformerConfig,
                             kept_slots, lm_loss, make_moe_batch, make_moe_transformer,
                             make_tokens, moe_loss, route, stats_of)
-from helpers.parallel.groups import group_rank, group_size
+from helpers.parallel.groups import CallLog, group_rank, group_size
 from helpers.parallel.ring_attention import intra_op_threads
 
 
@@ -57,18 +56,8 @@ class Exchange:
     start: float        # time.perf_counter() when it began
 
 
-_LOG: list[Exchange] | None = None
-
-
-@contextlib.contextmanager
-def counting():
-    """Record every all-to-all this module issues inside the block (on this rank)."""
-    global _LOG
-    previous, _LOG = _LOG, []
-    try:
-        yield _LOG
-    finally:
-        _LOG = previous
+_LOG = CallLog()          # every all-to-all this module issues, while someone counts
+counting = _LOG.counting  # `with counting() as log:` → a list of Exchange, on this rank
 
 
 def _all_to_all(x: torch.Tensor, send_rows: list[int], recv_rows: list[int], what: str,
@@ -78,9 +67,9 @@ def _all_to_all(x: torch.Tensor, send_rows: list[int], recv_rows: list[int], wha
     out = x.new_empty((sum(recv_rows),) + tuple(x.shape[1:]))
     start = time.perf_counter()
     dist.all_to_all_single(out, x, recv_rows, send_rows, group=group)
-    if _LOG is not None:
+    if _LOG.on:
         row_bytes = x[0].numel() * x.element_size() if x.dim() > 1 else x.element_size()
-        _LOG.append(Exchange(what, phase, sent_bytes(send_rows, group_rank(group), row_bytes),
+        _LOG.add(Exchange(what, phase, sent_bytes(send_rows, group_rank(group), row_bytes),
                              time.perf_counter() - start, start))
     return out
 

@@ -40,8 +40,8 @@ from helpers.checks import check_choice, check_divisible, check_int
 from helpers.cost.alpha_beta import OPS
 from helpers.cost.tp import LAYOUTS, check_degree, formula_collectives
 from helpers.models import LECTURE, MLPConfig, make_batch, make_mlp, mlp_loss
-from helpers.parallel.groups import (all_gather_into, group_rank, group_size, rank_device,
-                                     reduce_scatter_into, split_groups)
+from helpers.parallel.groups import (CallLog, all_gather_into, group_rank, group_size,
+                                     rank_device, reduce_scatter_into, split_groups)
 from helpers.timing import Measurement, measure
 
 
@@ -115,25 +115,15 @@ class CommSummary:
         return {op: tuple(calls) for op, calls in out.items()}
 
 
-_LOG: list[CommRecord] | None = None
-
-
-@contextlib.contextmanager
-def counting():
-    """Record every collective this module issues inside the block (on this rank)."""
-    global _LOG
-    previous, _LOG = _LOG, []
-    try:
-        yield _LOG
-    finally:
-        _LOG = previous
+_LOG = CallLog()          # every collective this module issues, while someone counts
+counting = _LOG.counting  # `with counting() as log:` → a list of CommRecord, on this rank
 
 
 def _record(op: str, phase: str, tensor: torch.Tensor, start: float, group=None) -> None:
-    if _LOG is not None:
+    if _LOG.on:
         if tensor.is_cuda:  # NCCL returns before the data moved: wait, so time means something
             torch.cuda.synchronize(tensor.device)
-        _LOG.append(CommRecord(op, phase, tuple(tensor.shape), tensor.numel() * tensor.element_size(),
+        _LOG.add(CommRecord(op, phase, tuple(tensor.shape), tensor.numel() * tensor.element_size(),
                                group_size(group), time.perf_counter() - start, start))
 
 
