@@ -34,6 +34,7 @@ def test_run_at_slider_extremes(months, threshold):
     assert curve.settings.months == app.months.value
     assert curve.settings.threshold == app.threshold.value
     assert app.progress.value == 1.0
+    assert app.progress.description == "done"   # not left saying "computing"
     (row,) = summary_rows(curves)
     end = row.linear_scaling_ends
     if threshold == 1.0:  # nothing reaches the ceiling itself: scaling "ends" at once

@@ -593,6 +593,7 @@ class SimulatorApp:
         """Compute (or take from the cache) every included configuration's curve; redraw."""
         chosen = [c for c in self.configs if c.included]
         self.status.value = "computing…"
+        self.progress.description = "computing"   # the bar's label says what it shows now
         curves = {}
         try:
             for i, cfg in enumerate(chosen):
@@ -600,8 +601,10 @@ class SimulatorApp:
                 self.progress.value = (i + 1) / len(chosen)
         except ValueError as e:
             self.status.value = f"<span style='color:#b00'>{html.escape(str(e))}</span>"
+            self.progress.description = "stopped"
             return {}
         self.progress.value = 1.0
+        self.progress.description = "done"
         self.curves = curves
         self.status.value = (f"{len(curves)} configurations, "
                              f"{sum(len(c.points) for c in curves.values())} grid points")

@@ -115,7 +115,7 @@ class Course:
             self.lab.remember_processes()
             print(f"\n{name}: Run All done {nb.run_seconds or float('nan'):.1f} s after it "
                   f"started ({time.monotonic() - t0:.1f} s waited here)")
-        return nb
+        return nb.front()
 
     def close(self, name: str) -> None:
         self.lab.remember_processes()

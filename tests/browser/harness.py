@@ -297,6 +297,7 @@ class Notebook:
         self.page.on("console", lambda m: self.console.append(f"{m.type}: {m.text}"))
         self.page.on("pageerror", lambda e: self.console.append(f"pageerror: {e}"))
         self.seen_errors = 0
+        self.dialogs: list[str] = []
         self.ids = 0
         self.run_started: float | None = None
 
@@ -323,10 +324,16 @@ class Notebook:
         goes on in the background: the session runs the next notebooks while it tests this one)."""
         self.run_started = time.monotonic()
         for attempt in range(3):  # a click while the app is still activating can be lost
-            self.page.locator(".lm-MenuBar-item").filter(
-                has_text=re.compile(r"^\s*Run\s*$")).click()
-            self.page.locator(".lm-Menu-item:visible").filter(
-                has_text=re.compile(r"^\s*Run All Cells\s*$")).first.click()
+            self.dismiss_dialogs()
+            try:
+                self.page.locator(".lm-MenuBar-item").filter(
+                    has_text=re.compile(r"^\s*Run\s*$")).click(timeout=10_000)
+                self.page.locator(".lm-Menu-item:visible").filter(
+                    has_text=re.compile(r"^\s*Run All Cells\s*$")).first.click(timeout=10_000)
+            except Exception:
+                if attempt == 2:
+                    raise
+                continue
             try:  # queued: the prompts turn to [*]
                 self.page.wait_for_function(
                     "() => [...document.querySelectorAll('.jp-CodeCell .jp-InputArea-prompt')]"
@@ -336,6 +343,27 @@ class Notebook:
                 self.page.keyboard.press("Escape")
                 if attempt == 2:
                     raise
+
+    def dismiss_dialogs(self) -> None:
+        """Close a modal dialog that would swallow the clicks of Run All (seen once in a few
+        dozen opens, its text not captured): its text is kept in `dialogs` and printed, so a
+        failing run shows what JupyterLab asked."""
+        dialogs = self.page.locator(".jp-Dialog")
+        for _ in range(3):
+            if dialogs.count() == 0:
+                return
+            text = " | ".join(t.strip() for t in dialogs.all_inner_texts())
+            self.dialogs.append(text)
+            print(f"{self.name}: dialog before Run All: {text[:300]!r} (Escape)")
+            self.page.keyboard.press("Escape")
+            self.page.wait_for_timeout(300)
+
+    def front(self) -> "Notebook":
+        """Bring this page to the front. Chromium produces no frames for a page behind another
+        one, and playwright's screenshot then waits about 6 s for one (measured: 0.2 s in
+        front, 6.0 s behind), so the page under test must be in front."""
+        self.page.bring_to_front()
+        return self
 
     def wait_run_all(self, timeout: float = 900) -> float:
         """Wait until every code cell shows an execution count and the kernel is idle; seconds

@@ -33,7 +33,8 @@ class Step:
     change: bool | None = True  # False: output must stay as it was (waits for a button);
                               # None: either (a button that may find nothing new to show)
     handle: str | None = None  # range sliders: "low" or "high" (default: the one towards `to`)
-    timeout: float = 60       # seconds allowed for the output to change
+    timeout: float = 180      # seconds allowed for the output to change (a safety net: a slow
+                              # move under make test's load is slow, not wrong)
 
     @property
     def id(self) -> str:
@@ -74,12 +75,12 @@ WIDGETS = (
         Step(r"operation", "dropdown", "first", image=False, change=False),
         Step(r"world size", "slider", "max", image=False, change=False),
         Step(r"message sizes", "slider", "min", handle="high", image=False, change=False),
-        Step(r"run sweep", "button", text=r"\b4 ranks\b", timeout=120),
+        Step(r"run sweep", "button", text=r"\b4 ranks\b", timeout=240),
         Step(r"operation", "dropdown", "last", image=False, change=False),
         Step(r"world size", "slider", "min", image=False, change=False),
         Step(r"message sizes", "slider", "max", handle="high", image=False, change=False),
         Step(r"message sizes", "slider", "max", handle="low", image=False, change=False),
-        Step(r"run sweep", "button", text=r"\b2 ranks\b", timeout=120),
+        Step(r"run sweep", "button", text=r"\b2 ranks\b", timeout=240),
     )),
     Widget("03_data_parallelism.ipynb", "widget_zero_memory(", (
         Step(r"^Ψ", "slider", "min", image=False, text=r"Ψ = 1e\+06 parameters"),
@@ -146,10 +147,10 @@ WIDGETS = (
     Widget("07_parallelism_3d.ipynb", "widget_parallel3d(", (
         Step(r"d·t·p", "dropdown", "last", image=False, change=False),
         Step(r"^m$", "dropdown", "last", image=False, change=False),
-        Step(r"^run$", "button", text=r"measured \d+ ms", images=2, timeout=120),  # + Gantt
+        Step(r"^run$", "button", text=r"measured \d+ ms", images=2, timeout=240),  # + Gantt
         Step(r"d·t·p", "dropdown", "first", image=False, change=False),
         Step(r"^m$", "dropdown", "first", image=False, change=False),
-        Step(r"^run$", "button", text=r"measured \d+ ms", images=2, timeout=120),
+        Step(r"^run$", "button", text=r"measured \d+ ms", images=2, timeout=240),
     )),
     Widget("08_memory.ipynb", "widget_memory_planner(", (
         Step(r"^model$", "dropdown", "last"),
@@ -296,12 +297,12 @@ def race_keeps_figure(nb):
         ctl = nb.control(area, s.control, s.kind)
         if nb.value_of(ctl, s.kind) != s.to:
             nb.act(ctl, s.kind, s.to)
-            nb.settle(area, nb.state(area), timeout=60)
+            nb.settle(area, nb.state(area), timeout=180)
     controls = [nb.control(area, s.control, s.kind) for s in widget.race]
     for ctl, s in zip(controls, widget.race):  # start away from the race's targets
         if nb.value_of(ctl, s.kind) == s.to:
             nb.act(ctl, s.kind, "last" if s.kind == "dropdown" else "min")
-            nb.settle(area, nb.state(area), timeout=60)
+            nb.settle(area, nb.state(area), timeout=180)
     if widget.cold:
         nb.kernel_exec(widget.cold)
     inputs = [nb.prepare(ctl, s.kind, s.to) for ctl, s in zip(controls, widget.race)]
@@ -317,7 +318,7 @@ def race_keeps_figure(nb):
     print(f"race inputs sent within {spread:.2f} s, kernel busy after them: {busy}")
     assert all(v == s.to for v, s in zip(values, widget.race) if s.to not in ("min", "max")), \
         f"controls ended at {values}"
-    after = nb.settle(area, before, timeout=60, quiet=1.0, want_image=True)
+    after = nb.settle(area, before, timeout=180, quiet=1.0, want_image=True)
     nb.screenshot(area, "race")
     assert busy, "the inputs did not overlap the first redraw (the kernel was idle after them)"
     assert after != before, "output did not change"
