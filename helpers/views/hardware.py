@@ -3,6 +3,7 @@ lecture's picture of GPU nodes, and rooflines with their widget."""
 from __future__ import annotations
 
 import io
+import math
 
 import ipywidgets as W
 import numpy as np
@@ -192,6 +193,30 @@ def roofline_text(roofs: list[Roofline], n: int, dtype: str) -> str:
         + [f"{v.machine:>24}: {v.bound:<13} reaches {100 * v.attainable_fraction:5.1f}% of peak "
            f"(intensity {v.intensity:.3g} vs ridge {v.ridge:.3g} FLOP/B)"
            for v in matmul_verdicts(n, dtype, roofs)])
+
+
+_SUPERSCRIPT = str.maketrans("-0123456789", "⁻⁰¹²³⁴⁵⁶⁷⁸⁹")
+
+
+def decade_label(value: float, _pos=None) -> str:
+    """A log axis's tick label as plain text ("10³", "0.1" … "100"): matplotlib's default is
+    mathtext, whose layout is most of a small figure's draw time in a widget."""
+    if value <= 0:
+        return ""
+    exponent = round(math.log10(value))
+    if not math.isclose(value, 10.0 ** exponent, rel_tol=1e-9):
+        return f"{value:g}"
+    if -1 <= exponent <= 2:
+        return f"{value:g}"
+    return "10" + str(exponent).translate(_SUPERSCRIPT)
+
+
+def fixed_layout(ax, xlabel_y: float = -0.12, ylabel_x: float = -0.1) -> None:
+    """Pin the axis labels where fixed margins put them, so a redraw does not measure every tick
+    label to place them (with a title given an explicit y, the other half of a small figure's
+    draw time)."""
+    ax.xaxis.set_label_coords(0.5, xlabel_y)
+    ax.yaxis.set_label_coords(ylabel_x, 0.5)
 
 
 def png(fig: Figure, dpi: int = 80) -> bytes:

@@ -22,7 +22,7 @@ from helpers.simulator.config import PRICES_USD, gpu_to_json, validate_gpu
 from helpers.simulator.curve import Curve, Point, run_curve
 from helpers.simulator.report import SECONDS_PER_MONTH, bubble_seconds, dumps, price_of
 from helpers.simulator.settings import BATCH_LAWS, SCHEDULES, Settings, validate_settings
-from helpers.views.hardware import png
+from helpers.views.hardware import decade_label, fixed_layout, png
 
 
 @dataclass
@@ -111,11 +111,16 @@ def plot_degrees(curve: Curve, name: str = "") -> Figure:
     ax.set_xscale("log")
     ax.set_yscale("log", base=2)
     ax.minorticks_off()
+    # plain-text tick labels and pinned title and labels: redrawn on every choice of the
+    # configuration menu, so nothing is laid out by mathtext or placed by measuring ticks
+    ax.xaxis.set_major_formatter(decade_label)
+    ax.yaxis.set_major_formatter(lambda v, _pos: f"{v:,.0f}" if v >= 1 else f"{v:g}")
     ax.set_xlabel("training compute C (FLOP)")
     ax.set_ylabel("degree")
+    fixed_layout(ax, xlabel_y=-0.08, ylabel_x=-0.08)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, ncol=3)
-    ax.set_title(name)
+    ax.set_title(name, y=1.0)
     return fig
 
 

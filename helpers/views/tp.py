@@ -10,7 +10,7 @@ from matplotlib.patches import Rectangle
 
 from helpers.cost.tp import LAYOUTS, TPHardware, best_t, describe, tp_curve
 from helpers.parallel.tp import Comm, Holds, Layer, layout_schedule
-from helpers.views.hardware import png
+from helpers.views.hardware import decade_label, fixed_layout, png
 
 T_OPTIONS = (1, 2, 4, 8, 16, 32, 64)
 HIDDEN_OPTIONS = tuple(2**k for k in range(8, 16))   # 256 … 32768
@@ -58,7 +58,8 @@ def plot_curve(hidden: int, hardware: TPHardware, tokens: int, t: int | None = N
                ax=None) -> Figure:
     """Compute and communication time per layer against t (log-log), the chosen t marked.
     Draws on `ax` when given (and returns its figure)."""
-    if ax is None:   # fixed margins: no layout engine re-run on every redraw of the widget
+    widget = ax is None
+    if widget:   # fixed margins: no layout engine re-run on every redraw of the widget
         fig = Figure(figsize=(6.4, 3.6))
         fig.subplots_adjust(left=0.12, right=0.98, bottom=0.14, top=0.92)
         ax = fig.subplots()
@@ -73,10 +74,16 @@ def plot_curve(hidden: int, hardware: TPHardware, tokens: int, t: int | None = N
     ax.axvline(best_t(rows), color="grey", lw=0.8, ls=":", label=f"fastest t = {best_t(rows)}")
     if t is not None:
         ax.axvline(t, color="C3", lw=1.5, alpha=0.5, label=f"t = {t}")
-    ax.set(xscale="log", yscale="log", xlabel="tensor degree t", ylabel="µs per layer per step",
-           title=f"{hardware.name}: h = {hidden}, b·s = {tokens}")
+    ax.set(xscale="log", yscale="log", xlabel="tensor degree t", ylabel="µs per layer per step")
     ax.set_xticks(ts, [str(v) for v in ts])
     ax.minorticks_off()   # the labelled powers of two and decades are enough (and cheap to draw)
+    ax.yaxis.set_major_formatter(decade_label)   # plain-text decades, no mathtext to lay out
+    title = f"{hardware.name}: h = {hidden}, b·s = {tokens}"
+    if widget:   # an explicit y: the title is not re-placed by measuring the tick labels
+        ax.set_title(title, y=1.0)
+        fixed_layout(ax, xlabel_y=-0.1, ylabel_x=-0.1)
+    else:
+        ax.set_title(title)
     ax.legend(fontsize=8)
     return ax.figure
 
