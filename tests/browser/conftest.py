@@ -12,10 +12,12 @@ from __future__ import annotations
 import os
 import signal
 import time
+from pathlib import Path
 
 import pytest
 
-from tests.browser.harness import CHROMIUM, SHOTS, Lab, Notebook, chromium_missing_reason, port_busy
+from tests.browser.harness import (CHROMIUM, SHOTS, Lab, Notebook, chromium_missing_reason,
+                                   descendants, lower_session_priority, port_busy)
 
 REASON = chromium_missing_reason()
 # Notebooks running ahead of the one under test (0: one at a time). Two keep both cores of a
@@ -69,6 +71,10 @@ def browser(lab):
     from playwright.sync_api import sync_playwright
     with sync_playwright() as p:
         chromium = p.chromium.launch(executable_path=str(CHROMIUM), headless=True)
+        for pid in descendants(os.getpid()):   # Chromium's own session
+            if Path(f"/proc/{pid}/comm").read_text().strip() == "chromium":
+                lower_session_priority(pid)
+                break
         context = chromium.new_context(viewport={"width": 1400, "height": 1000})
         yield context
         for close in (context.close, chromium.close):
