@@ -82,11 +82,11 @@ def descendants(pid: int) -> list[int]:
 
 
 def lower_session_priority(pid: int) -> None:
-    """Where this test runs at a lowered priority (make test: nice 5 beside the unit tests),
-    lower the scheduling group of `pid`'s session to match. JupyterLab and Chromium start
+    """Under make test (PLAB_SESSION_NICE set, beside the unit tests) lower the scheduling group
+    of `pid`'s session as tests/jupyter's kernel does its own. JupyterLab and Chromium start
     sessions of their own, and where Linux schedules by session (autogroup) nice alone does not
     reach them: each would get as much CPU as all the unit tests together."""
-    nice = os.nice(0)
+    nice = int(os.environ.get("PLAB_SESSION_NICE", "0"))
     if nice > 0:
         try:
             Path(f"/proc/{pid}/autogroup").write_text(str(nice))
@@ -275,10 +275,12 @@ OUTPUT_STATE_JS = r"""
 # Resolves with the output's state once it is ready (changed from `before` where a change is
 # expected, with an image where one is wanted), the kernel idle and nothing changed for quietMs.
 SETTLE_JS = """
-(area, [before, expectChange, wantImage, quietMs, timeoutMs]) => new Promise(resolve => {
+(area, [before, expectChange, wantImage, quietMs, timeoutMs, wantText, wantNewImage]) => new Promise(resolve => {
   const state = %s;
   const sig = (s) => JSON.stringify([s.text, s.images, s.errors]);
-  const base = sig(before), t0 = performance.now();
+  const base = sig(before), t0 = performance.now(), oldImages = JSON.stringify(before.images);
+  let re = null;
+  try { re = wantText ? new RegExp(wantText, 'm') : null; } catch (e) { re = null; }
   let last = null, lastChange = t0, changed = false;
   const tick = () => {
     const now = state(area), s = sig(now), t = performance.now();
@@ -286,7 +288,11 @@ SETTLE_JS = """
     changed = changed || s !== base;
     const ind = document.querySelector('.jp-Notebook-ExecutionIndicator');
     const idle = !ind || ind.getAttribute('data-status') === 'idle';
-    const ready = (changed || !expectChange) && (now.images.length > 0 || !wantImage);
+    // a widget may go on drawing after its callback returned (the kernel idle): wait for what
+    // the step expects (its text, a new image), not merely for the first change
+    const ready = (changed || !expectChange) && (now.images.length > 0 || !wantImage)
+                  && (!re || re.test(now.text))
+                  && (!wantNewImage || (now.images.length > 0 && JSON.stringify(now.images) !== oldImages));
     if (((ready || t - t0 > timeoutMs) && idle && t - lastChange >= quietMs)
         || t - t0 > timeoutMs + 30000) return resolve(now);
     setTimeout(tick, 40);
@@ -559,13 +565,16 @@ class Notebook:
         raise AssertionError(f"slider did not reach {target!r} (at {readout()!r})")
 
     def settle(self, area, before: dict, expect_change: bool = True, timeout: float = 60,
-               quiet: float = 0.25, want_image: bool = False) -> dict:
+               quiet: float = 0.25, want_image: bool = False, want_text: str | None = None,
+               want_new_image: bool = False) -> dict:
         """Wait until the output has changed from `before` (when a change is expected), shows an
         image (when `want_image`: callbacks that print before they draw), and then stayed the same
-        for `quiet` seconds with the kernel idle. Returns the final state. Watched in the page
-        (every 40 ms), so a settled output is seen at once."""
+        for `quiet` seconds with the kernel idle. With `want_text` (a regex) or `want_new_image`,
+        also until the text matches and an image other than before's is shown: a widget may draw
+        after its callback returned. Returns the final state (at the timeout: as it is then).
+        Watched in the page (every 40 ms), so a settled output is seen at once."""
         return area.evaluate(SETTLE_JS, [before, expect_change, want_image,
-                                         quiet * 1000, timeout * 1000])
+                                         quiet * 1000, timeout * 1000, want_text, want_new_image])
 
     def screenshot(self, area, name: str) -> Path:
         SHOTS.mkdir(exist_ok=True)

@@ -263,8 +263,10 @@ def one_move(nb, index: int):
     before = nb.state(area)
     t0 = time.monotonic()
     value = nb.act(ctl, step.kind, step.to, step.handle)
+    drawn = step.image and step.change is not False
     after = nb.settle(area, before, expect_change=step.change is True, timeout=step.timeout,
-                      want_image=step.image and step.change is not False)
+                      want_image=drawn, want_new_image=drawn,
+                      want_text=step.text.replace("{value}", value_regex(value)) or None)
     print(f"{nb.stem} {step.id} → {value!r}: settled in {time.monotonic() - t0:.2f} s")
     nb.screenshot(area, f"{index:02d}-{step.id}")
     problems = check(step, before, after, value)
