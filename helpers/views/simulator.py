@@ -228,6 +228,9 @@ def breakdown_parts(point: Point, settings: Settings) -> dict[str, float]:
 def plot_breakdown(point: Point, settings: Settings, title: str = "") -> Figure:
     """Why utilization falls: each cause of one step's time next to the step itself."""
     fig = Figure(figsize=(8, 3.4))
+    # fixed margins, wide enough for the longest cause's name: tight_layout would measure every
+    # label, and cost about as much as the draw itself
+    fig.subplots_adjust(left=0.22, right=0.98, top=0.9, bottom=0.2)
     ax = fig.subplots()
     if point.plan is None:
         ax.text(0.5, 0.5, "infeasible: no cluster finishes in time", ha="center",
@@ -243,13 +246,13 @@ def plot_breakdown(point: Point, settings: Settings, title: str = "") -> Figure:
     ax.barh(names, [parts[n] for n in names], color=colors)
     ax.axvline(point.plan.time.step, color="C3", lw=1.5, label="step time")
     ax.set_xlabel("seconds per training step")
+    fixed_layout(ax, xlabel_y=-0.14, ylabel_x=-0.25)
     q = point.plan
     ax.set_title(title or f"C = {point.model.C:.3g} FLOP on {q.n_gpus:.3g} GPUs, "
-                 f"MFU {point.mfu:.3f}", fontsize=10)
+                 f"MFU {point.mfu:.3f}", fontsize=10, y=1.0)
     ax.legend(fontsize=8, loc="lower right")
     fig.text(0.01, 0.01, "grey: overlaps the matmuls (only its excess over them costs time); "
              "orange: the fixed latency of every matmul", fontsize=7)
-    fig.tight_layout()
     return fig
 
 
