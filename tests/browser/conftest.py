@@ -99,7 +99,8 @@ class Course:
             nb.open()
             nb.start_run_all()
         except Exception as error:  # reported by the Run All row; later rows fail on their own
-            nb.run_error = f"open + Run All failed: {error}"
+            nb.run_error = (f"open + Run All failed: {error}\ndialogs: {nb.dialogs}\n"
+                            f"JupyterLab's log ends:\n{self.lab.log_tail()}")
         self.open[name] = nb
 
     def get(self, name: str) -> Notebook:

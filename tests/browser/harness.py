@@ -28,6 +28,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM = Path(os.environ.get("PLAB_CHROMIUM", "/usr/bin/chromium"))
 SHOTS = ROOT / "browser-shots"
+# the kernel the notebooks name (tests/jupyter/kernels/python3/kernel.json), as JupyterLab shows it
+KERNEL_DISPLAY_NAME = "Python 3 (ipykernel)"
 
 # JupyterLab settings for the test: never autosave (the copy is thrown away anyway), every cell in
 # the DOM (no windowing, so cells are found by their text), no news or update toasts over the page.
@@ -159,6 +161,9 @@ class Lab:
                 time.sleep(0.3)
         raise RuntimeError(f"JupyterLab did not answer in {timeout} s:\n"
                            f"{self.log_path.read_text()[-3000:]}")
+
+    def log_tail(self, chars: int = 2000) -> str:
+        return self.log_path.read_text(errors="replace")[-chars:]
 
     @property
     def url(self) -> str:
@@ -303,7 +308,14 @@ SETTLE_JS = """
 
 
 def kernel_status_js() -> str:
+    """The kernel's status as the notebook shows it, or "no kernel". Right after a notebook opens
+    its indicator already reads "idle" while the toolbar says "No Kernel": the kernel is still
+    being started, and a Run All clicked then starts another one, which can fail into a modal
+    "Select Kernel" dialog (measured: 3.5 s "No Kernel"/"idle", 5.2 s a kernel and "idle")."""
     return ("() => { const e = document.querySelector('.jp-Notebook-ExecutionIndicator');"
+            " const k = document.querySelector('.jp-KernelName');"
+            " const name = k ? k.textContent.trim() : '';"
+            " if (!name || name === 'No Kernel') return 'no kernel';"
             " return e ? e.getAttribute('data-status') : null; }")
 
 
@@ -327,7 +339,16 @@ class Notebook:
         self.page.goto(f"{self.lab.url}/lab/workspaces/plab-{self.stem[:2]}/tree/notebooks/"
                        f"{self.name}?reset&token={self.lab.token}")
         self.page.locator(".jp-Notebook .jp-CodeCell").first.wait_for(timeout=timeout * 1000)
-        self.wait_kernel("idle", timeout)
+        deadline = time.monotonic() + timeout
+        while True:  # idle with a kernel; JupyterLab may ask which kernel first
+            self.answer_dialogs()
+            try:
+                return self.wait_kernel("idle", min(5.0, max(0.1, deadline - time.monotonic())))
+            except Exception:
+                if time.monotonic() > deadline:
+                    raise AssertionError(
+                        f"{self.name}: no idle kernel {timeout:.0f} s after opening (the notebook "
+                        f"shows {self.page.evaluate(kernel_status_js())!r}; dialogs: {self.dialogs})")
 
     def wait_kernel(self, status: str = "idle", timeout: float = 120) -> None:
         self.page.wait_for_function(
@@ -344,7 +365,7 @@ class Notebook:
         goes on in the background: the session runs the next notebooks while it tests this one)."""
         self.run_started = time.monotonic()
         for attempt in range(3):  # a click while the app is still activating can be lost
-            self.dismiss_dialogs()
+            self.answer_dialogs()
             try:
                 self.page.locator(".lm-MenuBar-item").filter(
                     has_text=re.compile(r"^\s*Run\s*$")).click(timeout=10_000)
@@ -364,18 +385,27 @@ class Notebook:
                 if attempt == 2:
                     raise
 
-    def dismiss_dialogs(self) -> None:
-        """Close a modal dialog that would swallow the clicks of Run All (seen once in a few
-        dozen opens, its text not captured): its text is kept in `dialogs` and printed, so a
-        failing run shows what JupyterLab asked."""
+    def answer_dialogs(self) -> None:
+        """Answer a modal dialog, which would swallow the clicks of Run All. "Select Kernel" (seen
+        twice in a few hundred opens under load) is answered with the notebook's own kernel: its
+        Escape means "No Kernel", and Run All then runs nothing. Any other dialog is closed with
+        Escape. Every dialog's text is kept in `dialogs`, which the failure messages quote."""
         dialogs = self.page.locator(".jp-Dialog")
         for _ in range(3):
             if dialogs.count() == 0:
                 return
-            text = " | ".join(t.strip() for t in dialogs.all_inner_texts())
+            dialog = dialogs.first
+            text = " | ".join(t.strip() for t in dialog.inner_text().splitlines() if t.strip())
             self.dialogs.append(text)
-            print(f"{self.name}: dialog before Run All: {text[:300]!r} (Escape)")
-            self.page.keyboard.press("Escape")
+            print(f"{self.name}: dialog: {text[:300]!r}")
+            try:
+                if text.startswith("Select Kernel"):
+                    dialog.locator("select").select_option(label=KERNEL_DISPLAY_NAME)
+                    dialog.locator("button.jp-mod-accept").click(timeout=5_000)
+                else:
+                    self.page.keyboard.press("Escape")
+            except Exception as error:  # gone meanwhile, or not what we expected: told below
+                self.dialogs.append(f"(answering it failed: {error})")
             self.page.wait_for_timeout(300)
 
     def front(self) -> "Notebook":

@@ -1,0 +1,41 @@
+"""JupyterLab's "Select Kernel" dialog, which once swallowed Run All's clicks in a CI run.
+
+Under load, a Run All clicked while a just-opened notebook still had no kernel tried to start a
+second one, and that failed into the modal dialog. The harness now waits for a kernel before Run
+All and answers the dialog with the notebook's own kernel. Here the dialog is brought up on
+purpose (Kernel ▸ Shut Down, then Kernel ▸ Change Kernel…) and Run All must still run every cell.
+"""
+from __future__ import annotations
+
+import re
+
+from tests.browser.harness import KERNEL_DISPLAY_NAME, Notebook, kernel_status_js
+
+NOTEBOOK = "00_hardware_hierarchy.ipynb"  # the quickest to run
+
+
+def _menu(nb: Notebook, menu: str, item: str) -> None:
+    nb.page.locator(".lm-MenuBar-item").filter(has_text=re.compile(rf"^\s*{menu}\s*$")).click()
+    nb.page.locator(".lm-Menu-item:visible").filter(has_text=item).first.click()
+
+
+def test_a_select_kernel_dialog_before_run_all_is_answered_with_the_notebooks_kernel(lab, browser):
+    nb = Notebook(lab, browser, NOTEBOOK)
+    try:
+        nb.open()
+        assert nb.page.evaluate(kernel_status_js()) == "idle"
+        _menu(nb, "Kernel", "Shut Down Kernel")
+        nb.wait_kernel("no kernel", timeout=60)
+        _menu(nb, "Kernel", "Change Kernel")
+        nb.page.locator(".jp-Dialog").wait_for(timeout=30_000)
+
+        nb.start_run_all()
+        nb.wait_run_all(timeout=120)
+
+        assert nb.dialogs and nb.dialogs[0].startswith("Select Kernel"), nb.dialogs
+        assert nb.page.locator(".jp-Dialog").count() == 0
+        assert nb.page.locator(".jp-KernelName").inner_text().strip() == KERNEL_DISPLAY_NAME
+        assert not nb.error_outputs(), nb.error_outputs()
+    finally:
+        lab.remember_processes()
+        nb.close()
