@@ -2,6 +2,8 @@
 PYTHON ?= python3.11
 VENV   := .venv
 PY     := $(VENV)/bin/python
+# How far below the unit tests the notebooks' kernels, JupyterLab and Chromium run (their sessions' nice).
+SESSION_NICE ?= 5
 STAMP  := $(VENV)/.installed
 
 .PHONY: lab test unit browser notebooks figures bench venv clean
@@ -29,11 +31,11 @@ lab: $(STAMP)
 # most of the time, so those two run at a lower priority (nice 5): they fill the unit tests' gaps.
 # Their kernels start in sessions of their own, which nice alone does not reach where Linux
 # schedules by session: JUPYTER_PATH gives them tests/jupyter's kernel, which lowers its session
-# (by PLAB_SESSION_NICE; the browser harness lowers JupyterLab's and Chromium's the same way).
+# (by SESSION_NICE, passed as PLAB_SESSION_NICE; the browser harness lowers JupyterLab's and Chromium's the same way).
 test: $(STAMP)
 	@mkdir -p test-logs; \
-	PLAB_SESSION_NICE=2 JUPYTER_PATH=$(CURDIR)/tests/jupyter nice -n 5 $(PY) -m pytest tests/browser -q -rs -p no:cacheprovider > test-logs/browser.txt 2>&1 & br=$$!; \
-	PLAB_SESSION_NICE=2 JUPYTER_PATH=$(CURDIR)/tests/jupyter nice -n 5 $(PY) -m pytest --nbval-lax --nbval-sanitize-with tests/sanitize.cfg notebooks -q -p no:cacheprovider > test-logs/notebooks.txt 2>&1 & nb=$$!; \
+	PLAB_SESSION_NICE=$(SESSION_NICE) JUPYTER_PATH=$(CURDIR)/tests/jupyter nice -n 5 $(PY) -m pytest tests/browser -q -rs -p no:cacheprovider > test-logs/browser.txt 2>&1 & br=$$!; \
+	PLAB_SESSION_NICE=$(SESSION_NICE) JUPYTER_PATH=$(CURDIR)/tests/jupyter nice -n 5 $(PY) -m pytest --nbval-lax --nbval-sanitize-with tests/sanitize.cfg notebooks -q -p no:cacheprovider > test-logs/notebooks.txt 2>&1 & nb=$$!; \
 	$(PY) -m pytest tests -q --ignore=tests/browser; unit=$$?; \
 	wait $$nb; notebooks=$$?; wait $$br; browser=$$?; \
 	echo "== notebooks under nbval (test-logs/notebooks.txt)"; cat test-logs/notebooks.txt; \
