@@ -6,10 +6,8 @@ kernel starts in a session of its own, and where Linux groups the scheduler by s
 `nice` says: the unit tests, the longest suite, were starved, then ran alone at the end. Writing a
 nice value to /proc/self/autogroup lowers this kernel's session as a whole (nice is inherited by
 its ranks too). Make points nbval and JupyterLab here with JUPYTER_PATH=tests/jupyter and sets
-the value in PLAB_SESSION_NICE (make's SESSION_NICE, 5). At 2 the unit tests, at 0 in make's own
-session, took 14 min beside the other two suites (7 min alone); at 5 they took 11 min and the
-whole of make test 13 min. (At 5 one call of notebook 02's sweep once took over its 60 s limit:
-its ranks now allow 300 s.)
+the value in PLAB_SESSION_NICE: 2 (at 5 the kernels' ranks were starved: one call of notebook
+02's sweep took over its 60 s limit).
 """
 import os
 import runpy
