@@ -153,14 +153,14 @@ class Lab:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"JupyterLab exited:\n{self.log_path.read_text()[-3000:]}")
+                raise RuntimeError(f"JupyterLab exited:\n{self.log_tail(3000)}")
             try:
                 self.api("status")
                 return self
             except OSError:
                 time.sleep(0.3)
         raise RuntimeError(f"JupyterLab did not answer in {timeout} s:\n"
-                           f"{self.log_path.read_text()[-3000:]}")
+                           f"{self.log_tail(3000)}")
 
     def log_tail(self, chars: int = 2000) -> str:
         return self.log_path.read_text(errors="replace")[-chars:]
@@ -367,10 +367,7 @@ class Notebook:
         for attempt in range(3):  # a click while the app is still activating can be lost
             self.answer_dialogs()
             try:
-                self.page.locator(".lm-MenuBar-item").filter(
-                    has_text=re.compile(r"^\s*Run\s*$")).click(timeout=10_000)
-                self.page.locator(".lm-Menu-item:visible").filter(
-                    has_text=re.compile(r"^\s*Run All Cells\s*$")).first.click(timeout=10_000)
+                self.menu("Run", re.compile(r"^\s*Run All Cells\s*$"))
             except Exception:
                 if attempt == 2:
                     raise
@@ -384,6 +381,13 @@ class Notebook:
                 self.page.keyboard.press("Escape")
                 if attempt == 2:
                     raise
+
+    def menu(self, menu: str, item: str | re.Pattern, timeout: float = 10) -> None:
+        """Click `menu` in the menu bar, then its first visible item matching `item`."""
+        self.page.locator(".lm-MenuBar-item").filter(
+            has_text=re.compile(rf"^\s*{re.escape(menu)}\s*$")).click(timeout=timeout * 1000)
+        self.page.locator(".lm-Menu-item:visible").filter(
+            has_text=item).first.click(timeout=timeout * 1000)
 
     def answer_dialogs(self) -> None:
         """Answer a modal dialog, which would swallow the clicks of Run All. "Select Kernel" (seen

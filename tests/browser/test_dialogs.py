@@ -7,16 +7,10 @@ purpose (Kernel ▸ Shut Down, then Kernel ▸ Change Kernel…) and Run All mus
 """
 from __future__ import annotations
 
-import re
-
 from tests.browser.harness import KERNEL_DISPLAY_NAME, Notebook, kernel_status_js
 
 NOTEBOOK = "00_hardware_hierarchy.ipynb"  # the quickest to run
 
-
-def _menu(nb: Notebook, menu: str, item: str) -> None:
-    nb.page.locator(".lm-MenuBar-item").filter(has_text=re.compile(rf"^\s*{menu}\s*$")).click()
-    nb.page.locator(".lm-Menu-item:visible").filter(has_text=item).first.click()
 
 
 def test_a_select_kernel_dialog_before_run_all_is_answered_with_the_notebooks_kernel(lab, browser):
@@ -24,9 +18,9 @@ def test_a_select_kernel_dialog_before_run_all_is_answered_with_the_notebooks_ke
     try:
         nb.open()
         assert nb.page.evaluate(kernel_status_js()) == "idle"
-        _menu(nb, "Kernel", "Shut Down Kernel")
+        nb.menu("Kernel", "Shut Down Kernel")
         nb.wait_kernel("no kernel", timeout=60)
-        _menu(nb, "Kernel", "Change Kernel")
+        nb.menu("Kernel", "Change Kernel")
         nb.page.locator(".jp-Dialog").wait_for(timeout=30_000)
 
         nb.start_run_all()

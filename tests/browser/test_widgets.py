@@ -42,6 +42,10 @@ class Step:
         to = re.sub(r"[^A-Za-z0-9]+", "_", self.to or "click").strip("_")
         return f"{name}-{self.handle + '_' if self.handle else ''}{to}"
 
+    def text_pattern(self, value: str) -> str:
+        """`text` with {value} filled in (a regex; "" when the step expects no text)."""
+        return self.text.replace("{value}", value_regex(value))
+
 
 @dataclass(frozen=True)
 class Widget:
@@ -204,7 +208,7 @@ def check(step: Step, before: dict, after: dict, value: str) -> list[str]:
         elif after["images"] == before["images"]:
             problems.append("the image did not change")
     if step.text:
-        pattern = step.text.replace("{value}", value_regex(value))
+        pattern = step.text_pattern(value)
         if not re.search(pattern, after["text"], re.MULTILINE):
             problems.append(f"output text does not match /{pattern}/; text: "
                             f"{after['text'][-400:]!r}")
@@ -266,7 +270,7 @@ def one_move(nb, index: int):
     drawn = step.image and step.change is not False
     after = nb.settle(area, before, expect_change=step.change is True, timeout=step.timeout,
                       want_image=drawn, want_new_image=drawn,
-                      want_text=step.text.replace("{value}", value_regex(value)) or None)
+                      want_text=step.text_pattern(value) or None)
     print(f"{nb.stem} {step.id} → {value!r}: settled in {time.monotonic() - t0:.2f} s")
     nb.screenshot(area, f"{index:02d}-{step.id}")
     problems = check(step, before, after, value)
