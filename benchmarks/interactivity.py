@@ -2,12 +2,15 @@
 
     python -m benchmarks.interactivity [--world-size 4] [--spawn-runs 5] [--warm-runs 30]
 
-The lecture starts new processes (mp.spawn) for every call; LiveRanks keeps them. Both are
-measured in the same run; the last line is one JSON object.
+The lecture starts new processes (mp.spawn) for every call; LiveRanks keeps them. Fresh
+processes are timed two ways: forked from a launcher that imported torch once (the default on
+Linux) and each one a `python -c` that imports torch itself (as on macOS). All are measured in
+the same run; the last line is one JSON object.
 """
 import argparse
 import json
 
+from helpers import ranks
 from helpers.parallel.collectives import all_reduce_once
 from helpers.ranks import LiveRanks, cpu_cores, spawn, threads_per_rank
 from helpers.timing import measure
@@ -25,8 +28,14 @@ def main(argv=None):
     def through_spawn():
         assert spawn(all_reduce_once, n) == [expected] * n
 
-    cold = measure(through_spawn, f"spawn({n} ranks) + all-reduce", repeat=args.spawn_runs,
+    cold = measure(through_spawn, f"spawn({n} ranks) + all-reduce, forked", repeat=args.spawn_runs,
                    warmup=0)
+    fork, ranks.FORK_RANKS = ranks.FORK_RANKS, False
+    try:
+        own = measure(through_spawn, f"spawn({n} ranks) + all-reduce, each its own python -c",
+                      repeat=args.spawn_runs, warmup=0)
+    finally:
+        ranks.FORK_RANKS = fork
     with LiveRanks(n) as live:
         live.run(all_reduce_once)  # the first start is paid once, outside the timing
 
@@ -45,9 +54,12 @@ def main(argv=None):
                         repeat=5, warmup=1)
     print(f"{cpu_cores()} cores, {threads_per_rank(n)} thread(s) per rank")
     print(cold)
+    print(own)
     print(warm)
     print(moves)
-    print(json.dumps({"world_size": n, "spawn_s": round(cold.median, 4),
+    print(json.dumps({"world_size": n, "forked_ranks": fork, "spawn_s": round(cold.median, 4),
+                      "spawn_python_c_s": round(own.median, 4),
+                      "python_c_over_spawn": round(own.median / cold.median, 2),
                       "warm_s": round(warm.median, 5),
                       "speedup": round(cold.median / warm.median, 1)}))
 

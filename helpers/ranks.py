@@ -9,9 +9,13 @@ Why it is built this way:
 * Rendezvous goes through a `FileStore` in a private temporary folder, so no TCP store listens
   at all; gloo and NCCL bind their transports to the loopback interface, whatever the
   environment says, unless the reader asks for `multi_node=True`.
-* Ranks are plain child processes (`python -c ...`), not `multiprocessing` ones: that way no
-  resource-tracker helper is started, which ignores SIGTERM and so held up every kernel
-  shutdown and restart.
+* Ranks are forked from a launcher, one per `LiveRanks` (Linux): a plain `python -c` process
+  that imports torch once, so a rank starts in tens of milliseconds instead of importing torch
+  again (about 2 s of CPU each: 8 ranks on 2 cores took 8 s to start). It is the ranks' parent
+  and reaps each only when the notebook asks, so a pid the notebook may signal is never
+  reused. Elsewhere (macOS: forking after importing torch is not safe there) each rank is its
+  own `python -c` process. Not `multiprocessing`: no resource-tracker helper is started, which
+  ignores SIGTERM and so held up every kernel shutdown and restart.
 * Every rank dies with the process that owns it: PR_SET_PDEATHSIG when it was started from the
   main thread (the signal follows the creating *thread*), and always a watchdog thread.
 * Every request carries an id and every reply is matched to it; a call that was cut short
@@ -77,6 +81,8 @@ TRANSPORT_VARIABLES = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "TP_SOCKET_IF
 _FOLDER_PREFIX = "plab-ranks-"
 # Most rank processes one kernel keeps alive at once (None: `max_cpu_world_size()`).
 LIVE_RANK_LIMIT: int | None = None
+# Fork ranks from a launcher that imported torch once (Linux only: see the module docstring).
+FORK_RANKS = sys.platform.startswith("linux")
 
 
 class RankError(RuntimeError):
@@ -377,33 +383,217 @@ def _rank_main(config: dict) -> None:
         conn.send((request, *_handle(index, kind, args)))
 
 
+def _launcher_main(config: dict) -> None:
+    """The launcher: started by `_Launcher` as `python -c`, it imports torch once, then forks
+    a rank per request and reaps one only when asked. When its socket closes (the notebook
+    closed it or died) it kills and reaps every rank it forked, then exits."""
+    _die_with_parent(config["parent_pid"], config["pdeathsig"])
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    import torch  # noqa: F401  (what every rank would otherwise import again)
+    import torch.distributed  # noqa: F401
+    sock = socket.socket(fileno=config["fd"])
+    conn = mpc.Connection(os.dup(sock.fileno()))
+    children: set[int] = set()
+    me = os.getpid()
+    conn.send("ready")
+    try:
+        while True:
+            try:
+                request = conn.recv()
+            except (EOFError, OSError):
+                return
+            if request[0] == "fork":
+                _, fds, _, _ = socket.recv_fds(sock, 1, 1)
+                pid = os.fork()
+                if pid == 0:
+                    _forked_rank(request[1], fds[0], me, (conn, sock))
+                os.close(fds[0])  # only that rank holds its end of the pipe
+                children.add(pid)
+                conn.send(pid)
+            else:  # ("poll", pid): its exit code once it has exited (then it is reaped), or None
+                done, status = os.waitpid(request[1], os.WNOHANG)
+                children.discard(done)
+                conn.send(os.waitstatus_to_exitcode(status) if done else None)
+    finally:
+        for pid in children:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        for pid in children:
+            with contextlib.suppress(OSError):
+                os.waitpid(pid, 0)
+        os._exit(0)  # not the interpreter's shutdown with torch loaded: that takes ~0.7 s
+
+
+def _forked_rank(config: dict, fd: int, launcher: int, launcher_ends) -> None:
+    """In a child the launcher just forked: become a rank as `python -c` would; never return."""
+    code = 1
+    try:
+        for end in launcher_ends:
+            end.close()
+        os.setpgid(0, 0)  # a process group of its own, as `_Rank` gives a `python -c` rank
+        os.chdir(config["cwd"])
+        os.environ.clear()
+        os.environ.update(config["env"])
+        sys.path[:] = config["path"]
+        _rank_main(dict(config, fd=fd, parent_pid=launcher, pdeathsig=True))
+        code = 0
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        with contextlib.suppress(Exception):
+            sys.stdout.flush()
+            sys.stderr.flush()
+        os._exit(code)
+
+
 # ----------------------------------------------------------------------------------------
 # The notebook side.
 # ----------------------------------------------------------------------------------------
 
 _BOOT = ("import json, sys; config = json.loads(sys.argv[1]); sys.path[:] = config['path']; "
          f"from {__name__} import _rank_main; _rank_main(config)")
+_LAUNCHER_BOOT = ("import json, sys; config = json.loads(sys.argv[1]); "
+                  "sys.path[:] = config['path']; "
+                  f"from {__name__} import _launcher_main; _launcher_main(config)")
+
+
+def _python(boot: str, config: dict, fd: int, env: dict) -> subprocess.Popen:
+    # A process group of its own: ipykernel's shutdown signals every child in the kernel's
+    # group and waits until none is left, and a rank it kills stays a zombie (nobody reaps
+    # it while the kernel shuts down), so it waited 29 s every time. Ranks end with the
+    # kernel anyway (death signal, watchdog pipe, exit handlers).
+    return subprocess.Popen([sys.executable, "-c", boot, json.dumps(config)], pass_fds=(fd,),
+                            env=env, stdin=subprocess.DEVNULL, process_group=0)
+
+
+def _parent_config(fd: int) -> dict:
+    return {"fd": fd, "parent_pid": os.getpid(),
+            "pdeathsig": threading.current_thread() is threading.main_thread(),
+            "path": [p for p in sys.path if isinstance(p, str)]}
+
+
+class _Launcher:
+    """The notebook's end of one launcher (see `_launcher_main`): one per LiveRanks."""
+
+    def __init__(self, env: dict):
+        ours, theirs = socket.socketpair()
+        try:
+            self.process = _python(_LAUNCHER_BOOT, _parent_config(theirs.fileno()),
+                                   theirs.fileno(), env)
+        finally:
+            theirs.close()
+        self.sock = ours
+        self.conn = mpc.Connection(os.dup(ours.fileno()))
+        self._lock = threading.Lock()
+        self._holder: int | None = None
+        self.ready = False
+
+    def wait_ready(self, seconds: float) -> None:
+        """Until torch is imported there: interruptible, and a launcher that died says so."""
+        deadline = time.monotonic() + seconds
+        while not self.ready:
+            with contextlib.suppress(EOFError, OSError):  # dead: said below
+                if self.conn.poll(min(_POLL_S, max(0.0, deadline - time.monotonic()))):
+                    self.ready = self.conn.recv() == "ready"
+                    continue
+            if self.process.poll() is not None:
+                raise self.died("before it was ready")
+            if time.monotonic() > deadline:
+                raise RankError(0, "start", f"the ranks' launcher not ready in {seconds:g} s")
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def died(self, when: str) -> RankError:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.process.wait(timeout=5)
+        return RankError(0, "start", f"the ranks' launcher exited {when} "
+                         f"({_describe_exit(self.process.returncode)})")
+
+    @contextlib.contextmanager
+    def _turn(self):
+        """One request and its reply at a time. An exit-signal handler that interrupted this
+        very thread mid-request gets an OSError at once instead of a garbled reply."""
+        if self._holder == threading.get_ident() or not self._lock.acquire(timeout=30):
+            raise OSError("the ranks' launcher is busy")
+        self._holder = threading.get_ident()
+        try:
+            yield
+        finally:
+            self._holder = None
+            self._lock.release()
+
+    def poll(self, pid: int) -> int | None:
+        with self._turn():
+            self.conn.send(("poll", pid))
+            return self.conn.recv()
+
+    def fork(self, config: dict, fd: int) -> "_Forked":
+        with self._turn():
+            try:
+                self.conn.send(("fork", config))
+                socket.send_fds(self.sock, [b"f"], [fd])
+                return _Forked(self, self.conn.recv())
+            except (EOFError, OSError):
+                raise self.died(f"while it forked rank {config['index']}") from None
+
+    def close(self) -> None:
+        """Its socket closed, it kills and reaps what is left of its ranks, then exits."""
+        self.conn.close()
+        self.sock.close()
+        try:
+            self.process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+
+class _Forked:
+    """A rank forked by a launcher, with the part of `subprocess.Popen` that `_Rank` uses."""
+
+    def __init__(self, launcher: _Launcher, pid: int):
+        self.launcher, self.pid, self.returncode = launcher, pid, None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            try:
+                self.returncode = self.launcher.poll(self.pid)
+            except (EOFError, OSError):
+                if self.launcher.alive():
+                    raise
+                # The launcher's death kills each of its ranks (PR_SET_PDEATHSIG, SIGKILL).
+                self.returncode = -signal.SIGKILL
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = math.inf if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(f"rank {self.pid}", timeout)
+            time.sleep(0.01)
+        return self.returncode
+
+    def kill(self) -> None:
+        # Unreaped, the pid cannot belong to anyone else; with the launcher gone it might.
+        if self.returncode is None and self.launcher.alive():
+            os.kill(self.pid, signal.SIGKILL)
 
 
 class _Rank:
     """One rank process and the parent's end of its pipe."""
 
-    def __init__(self, index: int, folder: str, env: dict):
+    def __init__(self, index: int, folder: str, env: dict, launcher: _Launcher | None):
         self.index = index
         op_path = os.path.join(folder, f"op-{index}")
         self.op_slot = _OpSlot(op_path, create=True)
         self.conn, child = mp.Pipe()
-        config = {"fd": child.fileno(), "index": index, "parent_pid": os.getpid(),
-                  "pdeathsig": threading.current_thread() is threading.main_thread(),
-                  "op_path": op_path, "path": [p for p in sys.path if isinstance(p, str)]}
+        config = dict(_parent_config(child.fileno()), index=index, op_path=op_path)
         try:
-            # A process group of its own: ipykernel's shutdown signals every child in the
-            # kernel's group and waits until none is left, and a rank it kills stays a zombie
-            # (nobody reaps it while the kernel shuts down), so it waited 29 s every time.
-            # Ranks end with the kernel anyway (death signal, watchdog pipe, exit handlers).
-            self.process = subprocess.Popen([sys.executable, "-c", _BOOT, json.dumps(config)],
-                                            pass_fds=(child.fileno(),), env=env,
-                                            stdin=subprocess.DEVNULL, process_group=0)
+            if launcher is None:
+                self.process = _python(_BOOT, config, child.fileno(), env)
+            else:
+                self.process = launcher.fork(dict(config, cwd=os.getcwd(), env=env),
+                                             child.fileno())
         finally:
             child.close()
 
@@ -419,6 +609,12 @@ class _Rank:
 
     def alive(self) -> bool:
         return self.process.poll() is None
+
+    def died(self, when: str) -> RankError:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.process.wait(timeout=5)
+        return RankError(0, "start", f"the ranks' launcher exited {when} "
+                         f"({_describe_exit(self.process.returncode)})")
 
     def exit_code(self) -> int:
         """The exit status, for certain: wait for the process (kill it if it lingers) first."""
@@ -445,9 +641,9 @@ class _Rank:
         self.op_slot.close()
 
 
-def _kill_all(ranks: list[_Rank], folders: list[str]) -> None:
-    """Kill every rank first, then reap each, then remove the folder: killing all before
-    waiting on any means one stuck rank cannot keep the others alive."""
+def _kill_all(ranks: list[_Rank], folders: list[str], launchers: list[_Launcher]) -> None:
+    """Kill every rank first, then reap each, then close the launcher and remove the folder:
+    killing all before waiting on any means one stuck rank cannot keep the others alive."""
     for rank in ranks:
         with contextlib.suppress(OSError):
             rank.process.kill()
@@ -455,6 +651,10 @@ def _kill_all(ranks: list[_Rank], folders: list[str]) -> None:
         with contextlib.suppress(Exception):
             rank.release()
     ranks.clear()
+    for launcher in launchers:
+        with contextlib.suppress(Exception):
+            launcher.close()
+    launchers.clear()
     for folder in folders:
         shutil.rmtree(folder, ignore_errors=True)
     folders.clear()
@@ -531,7 +731,7 @@ _exit_handlers_installed = False
 def _on_exit_signal(signum, frame) -> None:
     """Kill our ranks and remove our folders, then die of the same signal as before."""
     for group in list(_POOL):  # no locks: the code this signal interrupted may hold them
-        _kill_all(group._ranks, group._folders)
+        _kill_all(group._ranks, group._folders, group._launchers)
     signal.signal(signum, signal.SIG_DFL)
     os.kill(os.getpid(), signum)
 
@@ -599,6 +799,7 @@ class LiveRanks:
         self.multi_node = multi_node
         self._ranks: list[_Rank] = []
         self._folders: list[str] = []  # the private folder while ranks run (at most one)
+        self._launchers: list[_Launcher] = []  # the ranks' launcher while they run (at most one)
         self._group_size = 0           # size of the process group the ranks have joined
         self._generation = 0
         self._requests = itertools.count(1)  # request 0 is each rank's "ready"
@@ -607,7 +808,8 @@ class LiveRanks:
         self._last_used = 0
         # Close on garbage collection and at interpreter exit, whichever comes first. (The
         # finalizer holds the lists themselves, so they are only ever changed in place.)
-        self._finalizer = weakref.finalize(self, _kill_all, self._ranks, self._folders)
+        self._finalizer = weakref.finalize(self, _kill_all, self._ranks, self._folders,
+                                           self._launchers)
         with _POOL_LOCK:
             _POOL.add(self)
 
@@ -670,7 +872,7 @@ class LiveRanks:
         object is left ready for the next call."""
         with _sigint_deferred():
             self._group_size = 0
-            _kill_all(self._ranks, self._folders)
+            _kill_all(self._ranks, self._folders, self._launchers)
             self._dirty = False
 
     def _ensure_group(self) -> None:
@@ -696,6 +898,9 @@ class LiveRanks:
         dead = [r for r in self._ranks if not r.drain()]
         if dead:
             which = ", ".join(f"rank {r.index} ({_describe_exit(r.exit_code())})" for r in dead)
+            if self._launchers and not self._launchers[0].alive():
+                code = self._launchers[0].process.returncode
+                which = f"the ranks' launcher ({_describe_exit(code)}), and with it every rank,"
             _notice(f"{which} had exited while idle; starting fresh ranks")
             self._teardown()
 
@@ -709,8 +914,14 @@ class LiveRanks:
         with _sigint_deferred():  # every started process is recorded before an interrupt lands
             if not self._folders:
                 self._folders.append(_private_folder())
+            if FORK_RANKS and not self._launchers:
+                self._launchers.append(_Launcher(env))
+        launcher = self._launchers[0] if self._launchers else None
+        if launcher is not None:
+            launcher.wait_ready(_START_S)  # importing torch: an interrupt may land here
+        with _sigint_deferred():
             for index in range(len(self._ranks), len(self._ranks) + missing):
-                new.append(_Rank(index, self._folders[0], env))
+                new.append(_Rank(index, self._folders[0], env, launcher))
                 self._ranks.append(new[-1])
         self._await(new, 0, "start", _START_S)
 

@@ -1,5 +1,6 @@
 """Rank functions used by the tests: they must live in an importable module."""
 import os
+import sys
 import time
 
 import torch
@@ -65,6 +66,12 @@ def exit_now(rank, world_size, code):
 
 def environment(rank, world_size, names):
     return {name: os.environ.get(name) for name in names}
+
+
+def where(rank, world_size, names):
+    """What a rank was started with: directory, some variables, import path, pid."""
+    return {"rank": rank, "pid": os.getpid(), "cwd": os.getcwd(), "path": sys.path,
+            "env": {name: os.environ.get(name) for name in names}}
 
 
 def mark_then_sleep(rank, world_size, folder, seconds):

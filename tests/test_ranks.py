@@ -48,11 +48,9 @@ def wait_dead(pids, seconds=10.0) -> list[int]:
     return [p for p in pids if alive(p)]
 
 
-def my_children() -> set[int]:
-    """Live child processes of this test process (ranks are plain children, not
-    multiprocessing ones, so `multiprocessing.active_children()` does not list them)."""
-    me = str(os.getpid())
-    found = set()
+def processes() -> dict[int, int]:
+    """Every live process: its parent's pid."""
+    found = {}
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             try:
@@ -60,8 +58,24 @@ def my_children() -> set[int]:
                     fields = f.read().rsplit(")", 1)[1].split()
             except (FileNotFoundError, ProcessLookupError):
                 continue
-            if fields[1] == me and fields[0] != "Z":
-                found.add(int(entry))
+            if fields[0] != "Z":
+                found[int(entry)] = int(fields[1])
+    return found
+
+
+def parent(pid: int) -> int:
+    return processes()[pid]
+
+
+def my_descendants() -> set[int]:
+    """Live processes below this test process: its launchers and their ranks (not
+    multiprocessing ones, so `multiprocessing.active_children()` does not list them)."""
+    tree, found, todo = processes(), set(), [os.getpid()]
+    while todo:
+        top = todo.pop()
+        below = {pid for pid, ppid in tree.items() if ppid == top}
+        found |= below
+        todo += below
     return found
 
 
@@ -84,6 +98,56 @@ def test_ranks_are_outside_the_kernels_process_group():
     with LiveRanks(2) as live:
         live.run(rank_fns.identity)
         assert all(os.getpgid(pid) != os.getpgrp() for pid in live.pids)
+
+
+# -- the launcher: ranks forked from a process that imported torch once -----------------------
+
+def test_ranks_are_forked_from_one_launcher_that_ends_with_them():
+    with LiveRanks(3) as group:
+        pids = [r["pid"] for r in group.run(rank_fns.identity)]
+        [launcher] = group._launchers
+        assert parent(launcher.process.pid) == os.getpid()
+        assert {parent(pid) for pid in pids} == {launcher.process.pid}
+        assert my_descendants() >= {launcher.process.pid, *pids}
+    assert wait_dead([launcher.process.pid, *pids]) == []
+    assert group._launchers == []
+
+
+def test_a_rank_forked_later_sees_the_directory_and_environment_of_its_start(
+        monkeypatch, tmp_path):
+    with LiveRanks(1) as group:
+        group.run(rank_fns.identity)  # the launcher starts here, in the old directory
+        monkeypatch.chdir(tmp_path)
+        monkeypatch.setenv("PLAB_PROBE", "set after the launcher started")
+        late = group.resize(2).run(rank_fns.where, ["PLAB_PROBE"])[1]
+    assert late["cwd"] == str(tmp_path)
+    assert late["env"] == {"PLAB_PROBE": "set after the launcher started"}
+    assert late["path"] == [p for p in sys.path if isinstance(p, str)]
+
+
+def test_a_killed_launcher_takes_its_ranks_and_the_next_call_starts_afresh(capsys):
+    with LiveRanks(2) as group:
+        pids = [r["pid"] for r in group.run(rank_fns.identity)]
+        [launcher] = group._launchers
+        os.kill(launcher.process.pid, signal.SIGKILL)
+        assert wait_dead(pids) == []  # each rank's death signal follows its launcher
+        capsys.readouterr()
+        again = group.run(rank_fns.identity)
+        assert [r["rank"] for r in again] == [0, 1]
+        assert group._launchers[0] is not launcher and not launcher.alive()
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "helpers.ranks: the ranks' launcher (exit code -9, killed by SIGKILL), and with it every "
+        "rank, had exited while idle; starting fresh ranks"]
+
+
+def test_without_fork_each_rank_is_a_python_process_of_its_own(monkeypatch):
+    monkeypatch.setattr(ranks, "FORK_RANKS", False)  # as on macOS
+    with LiveRanks(2) as group:
+        results = group.run(rank_fns.where, [])
+        assert group._launchers == []
+        assert {parent(r["pid"]) for r in results} == {os.getpid()}
+    assert [r["rank"] for r in results] == [0, 1]
+    assert wait_dead([r["pid"] for r in results]) == []
 
 
 def test_spawn_returns_results_in_rank_order_and_leaves_nothing_running():
@@ -194,7 +258,7 @@ def test_keyboard_interrupt_kills_every_rank_and_the_next_call_works(interruptib
         with pytest.raises(KeyboardInterrupt):
             group.run(rank_fns.sleep, 30)
         assert wait_dead(pids) == []
-        assert not my_children() & set(pids)
+        assert not my_descendants() & set(pids)
         assert [r["rank"] for r in group.run(rank_fns.identity)] == [0, 1]
 
 
@@ -205,7 +269,7 @@ def test_close_leaves_no_child_process_and_no_folder():
     assert os.path.basename(folder) in private_folders()
     group.close()
     assert wait_dead(pids) == []
-    assert not my_children() & set(pids)
+    assert not my_descendants() & set(pids)
     assert not os.path.exists(folder)
 
 
@@ -291,10 +355,10 @@ defined_in_a_cell.__module__ = "__main__"  # what a function typed into a notebo
     (lambda: LiveRanks(2).run(print), ValueError, "must be a Python function"),
 ])
 def test_bad_arguments_fail_before_any_process_starts(call, error, words):
-    before = set(multiprocessing.active_children()), my_children(), private_folders()
+    before = set(multiprocessing.active_children()), my_descendants(), private_folders()
     with pytest.raises(error, match=words):
         call()
-    assert (set(multiprocessing.active_children()), my_children(), private_folders()) == before
+    assert (set(multiprocessing.active_children()), my_descendants(), private_folders()) == before
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without GPUs")

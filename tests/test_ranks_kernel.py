@@ -16,17 +16,23 @@ import json, os
 import helpers.ranks
 from helpers.ranks import LiveRanks
 from tests import rank_fns
-def rank_children():
-    found = []
+def processes():
+    found = {}
     for entry in filter(str.isdigit, os.listdir("/proc")):
         try:
             stat = open(f"/proc/{entry}/stat").read().rsplit(")", 1)[1].split()
             cmdline = open(f"/proc/{entry}/cmdline").read()
         except OSError:
             continue
-        if stat[1] == str(os.getpid()) and stat[0] != "Z" and "_rank_main" in cmdline:
-            found.append(int(entry))
-    return sorted(found)
+        if stat[0] != "Z":
+            found[int(entry)] = (int(stat[1]), cmdline)
+    return found
+def launchers():  # this kernel's rank launchers: its children that run _launcher_main
+    return sorted(p for p, (ppid, cmd) in processes().items()
+                  if ppid == os.getpid() and "_launcher_main" in cmd)
+def rank_children():  # this kernel's rank processes: what its launchers forked
+    mine = set(launchers())
+    return sorted(p for p, (ppid, _) in processes().items() if ppid in mine)
 """
 
 
@@ -126,7 +132,7 @@ def test_rerunning_a_cell_keeps_the_rank_processes_bounded(kernel):
         got = execute(kc, cell)
         assert got["ename"] is None and got["result"].startswith("LiveRanks(world_size=2")
         notices += [l for l in got["stderr"].splitlines() if l.startswith("helpers.ranks:")]
-        assert len(value(kc, "rank_children()")) <= 2
+        assert len(value(kc, "rank_children()")) <= 2 and len(value(kc, "launchers()")) == 1
     # Out[] still holds all three objects; only the newest has processes.
     assert len(notices) == 2 and all("to keep at most 2 rank processes" in n for n in notices)
     assert value(kc, "[o.pids != [] for o in Out.values() if isinstance(o, LiveRanks)]") \
@@ -143,7 +149,7 @@ def kernel_state(kc) -> dict:
 
 
 def check_gone(state, km):
-    assert wait_dead(state["ranks"] + [state["kernel"]], seconds=60) == []
+    assert wait_dead(state["ranks"] + state["children"] + [state["kernel"]], seconds=60) == []
     assert not os.path.exists(state["folder"])
     status = getattr(km, "_shutdown_status", None)  # jupyter_client's record of how it ended
     if status is not None:
@@ -156,7 +162,8 @@ def test_restart_and_shutdown_leave_nothing_and_need_no_kill():
         state = kernel_state(kc)
         # ipykernel ends its children with SIGTERM: none of ours may ignore it (the
         # multiprocessing resource tracker did, so every shutdown waited for the kill).
-        assert [p for p in state["children"] if alive(p) and sigterm_ignored(p)] == []
+        assert [p for p in state["children"] + state["ranks"]
+                if alive(p) and sigterm_ignored(p)] == []
         km.restart_kernel(now=False)
         check_gone(state, km)
         kc.wait_for_ready(timeout=180)
