@@ -20,28 +20,28 @@ ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
 lab: $(STAMP)
 	$(VENV)/bin/jupyter lab --ServerApp.ip=127.0.0.1 --ServerApp.root_dir=. $(ROOT_FLAG) notebooks/00_hardware_hierarchy.ipynb
 
-# Every test but the browser's, two suites side by side (both spend much of their time waiting on
-# ranks and kernels): the unit tests (tests/test_torchrun.py runs a demo under torchrun with 2 CPU
-# ranks) and every notebook top to bottom under nbval (comparing the cells marked NBVAL_CHECK_OUTPUT).
-# The unit tests print as they go; the notebooks' report follows from test-logs/. nbval runs at a
-# lower priority (nice 5): it waits most of the time and fills the unit tests' gaps. Its kernels start
-# in sessions of their own, which nice alone does not reach where Linux schedules by session:
-# JUPYTER_PATH gives them tests/jupyter's kernel, which lowers its session (PLAB_SESSION_NICE).
-# The browser tests are `make browser`, not here: with them beside the other two, fresh-clone runs
-# took 915 s and 934 s on 2 cores, over the 15-minute budget (alone: unit 421 s, nbval 210 s,
-# browser 313 s of wall time).
+# Every test, three suites side by side (each spends much of its time waiting on ranks, kernels or
+# the browser): the unit tests (tests/test_torchrun.py runs a demo under torchrun with 2 CPU ranks),
+# every notebook top to bottom under nbval (comparing the cells marked NBVAL_CHECK_OUTPUT), and the
+# widgets in a real browser (JupyterLab + Debian's headless Chromium; skipped, saying so, where
+# /usr/bin/chromium is missing: `apt-get install chromium`). The unit tests print as they go; the
+# other two reports follow from test-logs/. The unit tests are the longest and the other two wait
+# most of the time, so those two run at a lower priority (nice 5): they fill the unit tests' gaps.
+# Their kernels start in sessions of their own, which nice alone does not reach where Linux
+# schedules by session: JUPYTER_PATH gives them tests/jupyter's kernel, which lowers its session
+# (by PLAB_SESSION_NICE; the browser harness lowers JupyterLab's and Chromium's the same way).
 test: $(STAMP)
 	@mkdir -p test-logs; \
+	PLAB_SESSION_NICE=2 JUPYTER_PATH=$(CURDIR)/tests/jupyter nice -n 5 $(PY) -m pytest tests/browser -q -rs -p no:cacheprovider > test-logs/browser.txt 2>&1 & br=$$!; \
 	PLAB_SESSION_NICE=2 JUPYTER_PATH=$(CURDIR)/tests/jupyter nice -n 5 $(PY) -m pytest --nbval-lax --nbval-sanitize-with tests/sanitize.cfg notebooks -q -p no:cacheprovider > test-logs/notebooks.txt 2>&1 & nb=$$!; \
 	$(PY) -m pytest tests -q --ignore=tests/browser; unit=$$?; \
-	wait $$nb; notebooks=$$?; \
+	wait $$nb; notebooks=$$?; wait $$br; browser=$$?; \
 	echo "== notebooks under nbval (test-logs/notebooks.txt)"; cat test-logs/notebooks.txt; \
-	echo "== make test: unit tests rc=$$unit, notebooks rc=$$notebooks (browser tests: make browser)"; \
-	test $$unit -eq 0 && test $$notebooks -eq 0
+	echo "== widgets in the browser (test-logs/browser.txt)"; cat test-logs/browser.txt; \
+	echo "== make test: unit tests rc=$$unit, notebooks rc=$$notebooks, browser rc=$$browser"; \
+	test $$unit -eq 0 && test $$notebooks -eq 0 && test $$browser -eq 0
 
-# The widgets in a real browser (JupyterLab + Debian's headless Chromium: `apt-get install chromium`;
-# screenshots in browser-shots/; without a Chromium they are skipped, and -rs says why). Run beside
-# other work, PLAB_SESSION_NICE=2 and JUPYTER_PATH=tests/jupyter lower its sessions as make test does.
+# The widgets in a real browser alone (screenshots in browser-shots/; -rs: a skip says why).
 browser: $(STAMP)
 	$(PY) -m pytest tests/browser -q -rs -p no:cacheprovider
 
