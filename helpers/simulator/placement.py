@@ -25,13 +25,14 @@ def factorization_table(cap: int) -> np.ndarray:
 class PlacementTable:
     """Every placement of one layout's degrees (a plain class: built once per layout)."""
 
-    __slots__ = ("inner", "outer", "dp", "tp", "ppep", "dp_index", "tp_index", "ppep_index",
-                 "stacked_index")
+    __slots__ = ("inner", "prod", "degrees", "dp", "tp", "ppep", "dp_index", "tp_index",
+                 "ppep_index", "stacked_index")
 
-    def __init__(self, inner, outer, dp, tp, ppep, dp_index, tp_index, ppep_index,
+    def __init__(self, inner, prod, degrees, dp, tp, ppep, dp_index, tp_index, ppep_index,
                  stacked_index):
         self.inner = inner    # (n, inner levels, 5): each placement's degree per inner level
-        self.outer = outer    # (n, 5): what the outermost level takes
+        self.prod = prod      # (n, 5): each type's product over the inner levels
+        self.degrees = degrees  # the outermost level takes what is left: degree // prod
         self.dp = dp          # distinct DP splits (tuples over levels)
         self.tp = tp          # distinct (TP_model, TP_ff) splits
         self.ppep = ppep      # distinct (PP, EP) splits
@@ -42,8 +43,8 @@ class PlacementTable:
 
     def place(self, i: int) -> tuple[tuple[int, ...], ...]:
         """Placement `i` as `place[type][level]`, the reference's form."""
-        return tuple(tuple(int(x) for x in self.inner[i, :, t]) + (int(self.outer[i, t]),)
-                     for t in range(5))
+        return tuple(tuple(int(x) for x in self.inner[i, :, t])
+                     + (self.degrees[t] // int(self.prod[i, t]),) for t in range(5))
 
 
 def _distinct(inner: np.ndarray, types: list[int], caps: tuple[int, ...]):
@@ -106,7 +107,6 @@ def placement_table(caps: tuple[int, ...], degrees: tuple[int, ...]) -> Placemen
     if got is None:
         return None
     inner, prod, (_, dp_i), (_, tp_i), (_, pe_i), stacked = got
-    outer = np.array(degrees, dtype=np.int64)[None, :] // prod
-    return PlacementTable(inner, outer, _with_outer(caps, sig, 0, degrees[:1]),
+    return PlacementTable(inner, prod, degrees, _with_outer(caps, sig, 0, degrees[:1]),
                           _with_outer(caps, sig, 1, degrees[1:3]),
                           _with_outer(caps, sig, 2, degrees[3:5]), dp_i, tp_i, pe_i, stacked)

@@ -75,6 +75,14 @@ def _six_matmuls(gk: int, fp: int, dp_: int, b: int) -> float:
 divisors = lru_cache(maxsize=None)(lambda n: tuple(_slow_divisors(n)))
 
 
+@lru_cache(maxsize=None)
+def _divisor_array(n: int) -> np.ndarray:
+    """`divisors(n)` as an int64 array (none for 0); shared, so never written to."""
+    out = np.array(divisors(n) if n else (), dtype=np.int64)
+    out.flags.writeable = False
+    return out
+
+
 class _Level(tuple):
     """A network level as a plain tuple: hashing it is what every cache lookup pays for."""
 
@@ -197,10 +205,11 @@ def _ppep_unit(levels, caps, PP, EP, v, L) -> tuple[float, float]:
 
 def clear_caches() -> None:
     """Forget every cached result (for honest cold-start benchmarks)."""
-    for fn in (tile, _matmul, _six_matmuls, divisors, _microbatches, _splits, _pair_splits,
-               _dp, _allreduce_levels, _dp_unit, _tp_unit, _ppep_weights, _ppep_unit,
-               _tp_unit_any, _ppep_unit_any, _tp_shapes, _schedules, _pairs, _tp_pair,
-               _ppep_exact, placement_table, factorization_table, _inner_table, _with_outer):
+    for fn in (tile, _matmul, _six_matmuls, divisors, _divisor_array, _microbatches, _splits,
+               _pair_splits, _dp, _allreduce_levels, _dp_unit, _tp_unit, _ppep_weights, _ppep_unit,
+               _tp_unit_any, _ppep_unit_any, _tp_shapes, _schedules, _schedule_kinds, _tp_rows,
+               _pairs, _tp_pair, _ppep_terms, _ppep_exact, placement_table, factorization_table,
+               _inner_table, _with_outer):
         fn.cache_clear()
     _GPUS.clear()
     _GPU_IDS.clear()
@@ -234,7 +243,7 @@ class _Pairs:
         EP = math.gcd(N, s)
         R = N // EP
         self.EP = EP
-        self.tps = [x for x in divisors(math.gcd(R, d * f)) if _tp_shapes(x, d, f)]
+        self.tps, self.shapes, self.min_area = _tp_rows(math.gcd(R, d * f), d, f)
         self.pps = divisors(math.gcd(R, L))[::-1]  # PP descending = DP ascending for one TP
         TPa = np.array(self.tps, dtype=np.int64)
         self.PPa = PPa = np.array(self.pps, dtype=np.int64)
@@ -245,10 +254,20 @@ class _Pairs:
         ok &= N * hbm_bytes >= P * by * DPg + 4 * P * by  # `reference.memory_ok`
         self.ti, self.pj = np.nonzero(ok)  # row-major: TP ascending, then DP ascending
         self.DPp = DPg[self.ti, self.pj]
-        self.shapes = [_tp_shapes(x, d, f) for x in self.tps]
-        # The fewest padded 8×8×8 FLOP blocks of the six matmuls per token, over the shapes.
-        self.min_area = np.array([min(6 * 1024 * -(-(f // b) // 8) * -(-(d // a) // 8)
-                                      for a, b in x) for x in self.shapes], dtype=float)
+        # The distinct DP degrees (their bounds are looked up once each) and each triple's.
+        self.dp_keys = sorted(set(self.DPp.tolist()))
+        self.dp_index = np.searchsorted(np.array(self.dp_keys, dtype=np.int64), self.DPp)
+
+
+@lru_cache(maxsize=None)
+def _tp_rows(g: int, d: int, f: int) -> tuple[list[int], list, np.ndarray]:
+    """The TP degrees dividing `g` that the model allows, their shapes, and per degree the
+    fewest padded 8×8×8 FLOP blocks of the six matmuls per token, over its shapes."""
+    tps = [x for x in divisors(g) if _tp_shapes(x, d, f)]
+    shapes = [_tp_shapes(x, d, f) for x in tps]
+    min_area = np.array([min(6 * 1024 * -(-(f // b) // 8) * -(-(d // a) // 8) for a, b in x)
+                         for x in shapes], dtype=float)
+    return tps, shapes, min_area
 
 
 @lru_cache(maxsize=256)
@@ -294,7 +313,7 @@ class _Layouts:
         dps = np.array(self.dp_keys, dtype=np.int64)
         g_dpk = np.searchsorted(dps, g_dp)
         per_gpu = [B // (s * int(x)) for x in dps]
-        divs = [np.array(divisors(x) if x else (), dtype=np.int64) for x in per_gpu]
+        divs = [_divisor_array(x) for x in per_gpu]
         n_div = np.array([len(x) for x in divs], dtype=np.int64)
         div_start = np.cumsum(n_div) - n_div
         flat = np.concatenate(divs) if divs else np.zeros(0, np.int64)
@@ -303,7 +322,8 @@ class _Layouts:
         lo = np.where(g_zb, 2 * g_pp, g_pp)
         first = np.searchsorted(code, g_dpk * big + np.minimum(lo, big - 1))
         first = np.where(lo < big, first, div_start[g_dpk] + n_div[g_dpk])
-        n_m = np.clip(div_start[g_dpk] + n_div[g_dpk] - first, 0, np.where(g_zb, 1, 4))
+        n_m = np.minimum(np.maximum(div_start[g_dpk] + n_div[g_dpk] - first, 0),
+                         np.where(g_zb, 1, 4))
         self.n_groups = len(g_tp)
         grp, k = _segments(n_m)
         self.group = grp
@@ -345,36 +365,65 @@ def _tp_pair(d, f, L, B, x, y, levels, N, by) -> tuple[float, float]:
 
 
 @lru_cache(maxsize=None)
-def _ppep_exact(d, L, B, v, PP, EP, levels, N, by) -> tuple[float, float]:
-    """`comm.ppep_comm`, operation for operation, leaving out the terms whose repeat count
-    is exactly 0 (each would add +0.0, which changes no sum)."""
+def _ppep_terms(L, v, PP, EP) -> tuple[tuple, tuple]:
+    """The repeat counts of `comm.ppep_comm`'s double loop that are not exactly 0, in its
+    order, with the level each is charged on: (bandwidth terms, latency terms). They do not
+    depend on the model's width, the batch, the network's speeds or N."""
     pp_freq = pp_frequencies(L, v, PP)
     ep_bw, ep_lat = ep_frequencies(EP)
-    bw_sum, lat_sum = 0.0, 0.0
+    bw, lat = [], []
     for pl, pf in pp_freq.items():
         for el, eb in ep_bw.items():
             level = max(pl, el)
             if level < 0:
                 continue
-            lv = levels[level]
             rs = 2 * (L - 1) * pf * eb
             if rs != 0.0:
-                bw_sum += d * rs * B * by / (N * lv[0] / 2)
+                bw.append((level, rs))
             rs = 2 * (L - 1) * pf * ep_lat[el]
             if rs != 0.0:
-                lat_sum += rs * lv[1]
+                lat.append((level, rs))
+    return tuple(bw), tuple(lat)
+
+
+@lru_cache(maxsize=None)
+def _ppep_exact(d, L, B, v, PP, EP, levels, N, by) -> tuple[float, float]:
+    """`comm.ppep_comm`, operation for operation, leaving out the terms whose repeat count
+    is exactly 0 (each would add +0.0, which changes no sum)."""
+    bw_terms, lat_terms = _ppep_terms(L, v, PP, EP)
+    bw_sum, lat_sum = 0.0, 0.0
+    for level, rs in bw_terms:
+        bw_sum += d * rs * B * by / (N * levels[level][0] / 2)
+    for level, rs in lat_terms:
+        lat_sum += rs * levels[level][1]
     return bw_sum, lat_sum
 
 
-def _placed_comm(model: Model, levels, caps, deg, v, N, by):
-    """Communication parts of every placement of one layout, as six arrays (or None)."""
+def _placed_comm(model: Model, levels, caps, deg, v, N, by, memo: tuple[dict, dict, dict]):
+    """Communication parts of every placement of one layout, as six arrays (or None).
+    `memo` holds each split's parts for this model, network and N (one `best_plan` call):
+    dicts keyed by the split alone are cheaper than the caches' nine-argument keys."""
     table = placement_table(caps, deg)
     if table is None:
         return None
     d, f, L, B, P = model.d, model.f, model.L, model.B, model.P
-    parts = ([_tp_pair(d, f, L, B, x, y, levels, N, by) for x, y in table.tp]
-             + [_ppep_exact(d, L, B, v, x, y, levels, N, by) for x, y in table.ppep]
-             + [_dp(P, x, levels, N, by) for x in table.dp])
+    tp_memo, pe_memo, dp_memo = memo
+    parts = []
+    for x, y in table.tp:
+        got = tp_memo.get((x, y))
+        if got is None:
+            got = tp_memo[x, y] = _tp_pair(d, f, L, B, x, y, levels, N, by)
+        parts.append(got)
+    for x, y in table.ppep:
+        got = pe_memo.get((v, x, y))
+        if got is None:
+            got = pe_memo[v, x, y] = _ppep_exact(d, L, B, v, x, y, levels, N, by)
+        parts.append(got)
+    for x in table.dp:
+        got = dp_memo.get(x)
+        if got is None:
+            got = dp_memo[x] = _dp(P, x, levels, N, by)
+        parts.append(got)
     # (n, 6): tp_bw, tp_lat, ppep_bw, ppep_lat, dp_bw, dp_lat of every placement.
     per = np.array(parts)[table.stacked_index].reshape(-1, 6)
     return table, tuple(per.T)
@@ -441,6 +490,14 @@ def _ppep_unit_any(levels, caps, PP, EP, L, schedules) -> tuple[float, float]:
     return min(u[0] for u in units), min(u[1] for u in units)
 
 
+@lru_cache(maxsize=None)
+def _schedule_kinds(schedules, pps: tuple[int, ...], L: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per PP: whether it has a zero-bubble schedule, and whether it has another one."""
+    kinds = [_schedules(schedules, int(x), L) for x in pps]
+    return (np.array([any(zb for zb, _ in k) for k in kinds], dtype=bool),
+            np.array([any(not zb for zb, _ in k) for k in kinds], dtype=bool))
+
+
 def _pair_bounds(model: Model, pairs: _Pairs, levels, caps, N, by, schedules, flags,
                  flop_s, lat6) -> np.ndarray:
     """A lower bound on the step of every row of each (TP, DP, PP) triple."""
@@ -448,7 +505,8 @@ def _pair_bounds(model: Model, pairs: _Pairs, levels, caps, N, by, schedules, fl
     g = math.gcd(f, d)
     tp = np.array([_tp_unit_any(levels, caps, x, f // g, d // g) for x in pairs.shapes])
     pe = np.array([_ppep_unit_any(levels, caps, pp, pairs.EP, L, schedules) for pp in pairs.pps])
-    dp = np.array([_dp_unit(levels, caps, x) for x in pairs.DPp.tolist()]).reshape(-1, 2)
+    dp = np.array([_dp_unit(levels, caps, x) for x in pairs.dp_keys]).reshape(-1, 2)
+    dp = dp[pairs.dp_index]
     ti, pj = pairs.ti, pairs.pj
     tp_bw = SHAVE * (8 * L * B * by / N * g) * tp[ti, 0]
     tp_lat = SHAVE * (4 * L) * tp[ti, 1]
@@ -459,16 +517,24 @@ def _pair_bounds(model: Model, pairs: _Pairs, levels, caps, N, by, schedules, fl
     PP = pairs.PPa[pj]
     per_stage = (L // PP) * (s // pairs.EP)
     per_gpu = B // (s * pairs.DPp)
-    matmul = per_stage * (pairs.min_area[ti] * (per_gpu / 8) * flop_s + PP * lat6)
+    flop = per_stage * (pairs.min_area[ti] * (per_gpu / 8) * flop_s)
+    fixed = per_stage * (PP * lat6)  # m ≥ PP micro-batches, each paying six matmul latencies
     overlap_tp, overlap_pp, overlap_dp = flags
     hidden = (tp_bw if overlap_tp else 0.0) + (pe_bw if overlap_pp else 0.0)
     exposed = (0.0 if overlap_tp else tp_bw) + (0.0 if overlap_pp else pe_bw)
-    pipe = np.maximum(matmul, hidden) + exposed
-    if "zero_bubble" not in schedules:
-        pipe = pipe + (tp_lat + pe_lat)
-    if overlap_dp:
-        return np.maximum(pipe, dp_bw) + dp_lat
-    return pipe + dp_bw + dp_lat
+
+    def step(matmul, latency):
+        pipe = np.maximum(matmul, hidden) + exposed + latency
+        if overlap_dp:
+            return np.maximum(pipe, dp_bw) + dp_lat
+        return pipe + dp_bw + dp_lat
+
+    # Zero-bubble rows hide the TP/PP latency but need m ≥ 2·PP; the others pay it. Each
+    # triple takes the lower bound of the kinds of schedule its PP has.
+    has_zb, has_other = _schedule_kinds(schedules, tuple(pairs.pps), L)
+    has_zb, has_other = has_zb[pj], has_other[pj]
+    return np.minimum(np.where(has_other, step(flop + fixed, tp_lat + pe_lat), math.inf),
+                      np.where(has_zb, step(flop + 2 * fixed, 0.0), math.inf))
 
 
 def best_plan(gpu: GPU, model: Model, settings: Settings, N: int,
@@ -535,6 +601,7 @@ def best_plan(gpu: GPU, model: Model, settings: Settings, N: int,
     queue: list = []
     info: dict = {}
     groups: dict = {}
+    memo: tuple[dict, dict, dict] = ({}, {}, {})
     best_key = None
     best = None
     while True:
@@ -574,7 +641,7 @@ def best_plan(gpu: GPU, model: Model, settings: Settings, N: int,
             heapq.heappush(queue, (low2, idx, gi, m, matmul))
             continue
         if gi not in groups:
-            groups[gi] = _placed_comm(model, levels, caps, deg, v, N, by)
+            groups[gi] = _placed_comm(model, levels, caps, deg, v, N, by, memo)
         group = groups[gi]
         if group is None:
             continue
