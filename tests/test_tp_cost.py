@@ -58,13 +58,15 @@ def test_comm_time_is_alpha_beta_of_the_layout_collectives(layout):
 def test_widget_model_at_slider_extremes(tmp_path, t, hidden, tokens, capsys):
     from helpers.views import tp as views
     choices = tp_cost.hardware_choices(tp_cost.load_fit(_fit_file(tmp_path)), cpu_flops=5e10)
+    view = views.TPCurveView(choices)
     for name, hardware in choices.items():
         row = tp_cost.layer_times(t, hidden, hardware, tokens)
         assert row.compute_s == pytest.approx(6 * tokens * hidden**2 / t / hardware.flops)
         assert (row.comm_s == 0) == (t == 1) and row.comm_s >= 0
         text = tp_cost.describe(t, hidden, hardware, tokens)
         assert f"t={t}, h={hidden}" in text
-        assert views.show_choice(choices, t, hidden, tokens, name) == text
+        picture, sentence = view.update(t, hidden, tokens, name)
+        assert sentence == text and picture.startswith(b"\x89PNG\r\n\x1a\n")
         fig = views.plot_curve(hidden, hardware, tokens, t)
         assert len(fig.axes[0].lines) >= 4  # compute, communication, step, best t
     assert t in views.T_OPTIONS and hidden in views.HIDDEN_OPTIONS and tokens in views.TOKEN_OPTIONS

@@ -11,7 +11,26 @@ def test_tp_widget_acts_on_release_with_full_labels(capsys):
     assert [s.description for s in sliders] == ["t (tensor degree)", "h (hidden size)",
                                                 "b·s (tokens per step)"]
     assert all(not s.continuous_update and s.style.description_width == "initial" for s in sliders)
-    assert "t=4, h=1024, b·s=128" in capsys.readouterr().out
+    [text] = [c for c in widget.children if isinstance(c, ipywidgets.HTML)]
+    [image] = [c for c in widget.children if isinstance(c, ipywidgets.Image)]
+    assert "t=4, h=1024, b·s=128" in text.value and bytes(image.value).startswith(b"\x89PNG")
+    sliders[0].value = 64
+    assert "t=64, h=1024, b·s=128" in text.value
+
+
+def test_a_move_of_t_only_moves_the_marker():
+    """Blitted: t moves redraw the marker over the saved pixels, so going back to a t gives the
+    very same picture, and another t a different one."""
+    from helpers.views.tp import TPCurveView
+    view = TPCurveView(tp_cost.hardware_choices())
+    name = next(iter(view.choices))
+    first, _ = view.update(4, 1024, 128, name)
+    assert view.update(64, 1024, 128, name)[0] != first
+    assert view.update(4, 1024, 128, name)[0] == first
+    assert view.update(4, 2048, 128, name)[0] != first     # another h: another curve
+    for hidden in (256, 512, 2048, 4096, 8192, 16384, 32768):
+        view.update(4, hidden, 128, name)
+    assert len(view._drawn) == TPCurveView.KEEP            # the oldest figures are let go
 
 
 def test_decade_labels_are_plain_text_powers_of_ten():

@@ -1,16 +1,17 @@
 """Notebook 04's pictures: the route of a step through each tensor-parallel layout, and the
-"when does TP pay" curve with its widget. `plot_*` return a Figure, `widget_*` a widget;
-nothing here displays except the widget's own callback (`show_choice`)."""
+"when does TP pay" curve with its widget. `plot_*` return a Figure, `widget_*` a widget,
+`TPCurveView.update` the widget's picture and sentence; nothing here displays."""
 from __future__ import annotations
 
+import html
+
 import ipywidgets as w
-from IPython.display import Image, display
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
 from helpers.cost.tp import LAYOUTS, TPHardware, best_t, describe, tp_curve
 from helpers.parallel.tp import Comm, Holds, Layer, layout_schedule
-from helpers.views.hardware import decade_label, fixed_layout, png
+from helpers.views.hardware import Blitted, decade_label, fixed_layout
 
 T_OPTIONS = (1, 2, 4, 8, 16, 32, 64)
 HIDDEN_OPTIONS = tuple(2**k for k in range(8, 16))   # 256 … 32768
@@ -88,28 +89,44 @@ def plot_curve(hidden: int, hardware: TPHardware, tokens: int, t: int | None = N
     return ax.figure
 
 
-def show_choice(choices: dict[str, TPHardware], t: int, hidden: int, tokens: int,
-                hardware: str) -> str:
-    """The widget's callback: display the curve (as a PNG encoded here, one draw) and its
-    sentence for one setting of the sliders."""
-    display(Image(png(plot_curve(hidden, choices[hardware], tokens, t))))
-    text = describe(t, hidden, choices[hardware], tokens)
-    print(text)
-    return text
+class TPCurveView:
+    """The widget's figure: one per (h, b·s, hardware) setting, drawn once (the last few are
+    kept); a move of t only moves its marker over the saved pixels (`Blitted`), so it costs
+    the PNG encoding, not a draw. `update` returns the PNG and the sentence, and is what the
+    widget calls (callable without a browser)."""
+
+    KEEP = 8
+
+    def __init__(self, choices: dict[str, TPHardware]):
+        self.choices = choices
+        self._drawn: dict[tuple, tuple] = {}   # (h, b·s, hardware) -> (Blitted, line, label)
+
+    def update(self, t: int, hidden: int, tokens: int, hardware: str) -> tuple[bytes, str]:
+        key = (hidden, tokens, hardware)
+        if key not in self._drawn:
+            fig = plot_curve(hidden, self.choices[hardware], tokens)
+            ax = fig.axes[0]
+            line = ax.axvline(t, color="C3", lw=1.5, alpha=0.5)
+            label = ax.text(t, 0.97, "", transform=ax.get_xaxis_transform(), color="C3",
+                            fontsize=9, va="top")
+            if len(self._drawn) >= self.KEEP:
+                self._drawn.pop(next(iter(self._drawn)))
+            self._drawn[key] = (Blitted(fig, [line, label]), line, label)
+        blit, line, label = self._drawn[key]
+        line.set_xdata([t, t])
+        label.set_x(t)
+        label.set_text(f" t = {t}")
+        return blit.png(), describe(t, hidden, self.choices[hardware], tokens)
 
 
 def widget_when_tp_pays(choices: dict[str, TPHardware], t: int, hidden: int,
-                        tokens: int) -> w.interactive:
-    """Sliders for t, h and b·s (powers of two, acting on release) and a link menu, over
-    `show_choice`, which hands its figure to the output explicitly (`display`)."""
-
-    def show(t, hidden, tokens, hardware):
-        show_choice(choices, t, hidden, tokens, hardware)
-
+                        tokens: int) -> w.Widget:
+    """Sliders for t, h and b·s (powers of two, acting on release) and a link menu over a
+    `TPCurveView`: the picture is an Image widget whose bytes are replaced, and the sentence an
+    HTML widget, so nothing is cleared and displayed again."""
     common = dict(continuous_update=False, style={"description_width": "initial"},
                   layout=w.Layout(width="520px"))  # act on release: no queue of redraws
-    return w.interactive(
-        show,
+    controls = dict(
         t=w.SelectionSlider(options=T_OPTIONS, value=t, description="t (tensor degree)", **common),
         hidden=w.SelectionSlider(options=HIDDEN_OPTIONS, value=hidden,
                                  description="h (hidden size)", **common),
@@ -118,3 +135,16 @@ def widget_when_tp_pays(choices: dict[str, TPHardware], t: int, hidden: int,
         hardware=w.Dropdown(options=list(choices), description="GPUs and links",
                             style={"description_width": "initial"},
                             layout=w.Layout(width="520px")))
+    view = TPCurveView(choices)
+    image = w.Image(format="png", layout=w.Layout(width="512px"))
+    text = w.HTML()
+
+    def redraw(*_):
+        picture, sentence = view.update(**{k: c.value for k, c in controls.items()})
+        image.value = picture
+        text.value = f"<pre style='font-size: 12px'>{html.escape(sentence)}</pre>"
+
+    for control in controls.values():
+        control.observe(redraw, names="value")
+    redraw()
+    return w.VBox([*controls.values(), image, text])
