@@ -22,7 +22,7 @@ from helpers.simulator.config import PRICES_USD, gpu_to_json, validate_gpu
 from helpers.simulator.curve import Curve, Point, run_curve
 from helpers.simulator.report import SECONDS_PER_MONTH, bubble_seconds, dumps, price_of
 from helpers.simulator.settings import BATCH_LAWS, SCHEDULES, Settings, validate_settings
-from helpers.views.hardware import decade_label, fixed_layout, png
+from helpers.views.hardware import Blitted, decade_label, fixed_layout, png
 
 
 @dataclass
@@ -247,13 +247,50 @@ def plot_breakdown(point: Point, settings: Settings, title: str = "") -> Figure:
     ax.axvline(point.plan.time.step, color="C3", lw=1.5, label="step time")
     ax.set_xlabel("seconds per training step")
     fixed_layout(ax, xlabel_y=-0.14, ylabel_x=-0.25)
-    q = point.plan
-    ax.set_title(title or f"C = {point.model.C:.3g} FLOP on {q.n_gpus:.3g} GPUs, "
-                 f"MFU {point.mfu:.3f}", fontsize=10, y=1.0)
+    ax.set_title(title or breakdown_title(point), fontsize=10, y=1.0)
     ax.legend(fontsize=8, loc="lower right")
     fig.text(0.01, 0.01, "grey: overlaps the matmuls (only its excess over them costs time); "
              "orange: the fixed latency of every matmul", fontsize=7)
     return fig
+
+
+class BreakdownView:
+    """The step breakdown of one curve's grid points as the widget shows it: the figure is drawn
+    once; a move to another feasible point redraws only what changes (the bars, the step line,
+    the title, the seconds axis and the legend above them) over the saved pixels. An infeasible
+    point is drawn on its own."""
+
+    def __init__(self, curve: Curve):
+        self.curve = curve
+        self._blit = None
+
+    def png(self, index: int) -> bytes:
+        point = self.curve.points[index]
+        if point.plan is None:
+            return png(plot_breakdown(point, self.curve.settings))
+        if self._blit is None:
+            fig = plot_breakdown(point, self.curve.settings)
+            ax = fig.axes[0]
+            self._ax, self._bars, self._line = ax, list(ax.patches), ax.lines[0]
+            self._blit = Blitted(fig, [*self._bars, self._line, ax.xaxis, ax.title,
+                                       ax.get_legend()])
+        parts = breakdown_parts(point, self.curve.settings)
+        step = point.plan.time.step
+        names = list(parts)[::-1]   # as plot_breakdown draws them, bottom to top
+        for bar, name in zip(self._bars, names):
+            bar.set_width(parts[name])
+        self._line.set_xdata([step, step])
+        # The limits a fresh draw gets: the bars with matplotlib's 5% margin, widened to the
+        # step line only where it falls beyond them (axvline rescales only then).
+        right = 1.05 * max(parts.values())
+        self._ax.set_xlim(0, right if step <= right else 1.05 * step)
+        self._ax.title.set_text(breakdown_title(point))
+        return self._blit.png()
+
+
+def breakdown_title(point: Point) -> str:
+    q = point.plan
+    return f"C = {point.model.C:.3g} FLOP on {q.n_gpus:.3g} GPUs, MFU {point.mfu:.3f}"
 
 
 _BUTTON = ("display:inline-block;padding:5px 14px;background:#1976d2;color:#fff;"
@@ -413,6 +450,7 @@ class SimulatorApp:
                                                    "utilization: one bar τ for all GPUs"])
         self.degrees_choice = W.Dropdown(description="configuration", style=_WIDE)
         self.breakdown_choice = W.Dropdown(description="configuration", style=_WIDE)
+        self._breakdown_views: dict[str, BreakdownView] = {}
         self.breakdown_point = W.IntSlider(description="grid point", min=0, max=0,
                                            continuous_update=False, style=_WIDE)
         self._build_form()
@@ -673,15 +711,17 @@ class SimulatorApp:
                                       if end is not None else 0)
         self.on_breakdown()
 
-    def on_breakdown(self, _=None) -> Figure | None:
+    def on_breakdown(self, _=None) -> bytes | None:
         name = self.breakdown_choice.value
         if name is None:
             return None
         curve = self.curves[name]
-        point = curve.points[min(self.breakdown_point.value, len(curve.points) - 1)]
-        fig = plot_breakdown(point, curve.settings)
-        self._show(self.out_breakdown, fig)
-        return fig
+        view = self._breakdown_views.get(name)
+        if view is None or view.curve is not curve:   # a new run, or a new threshold
+            view = self._breakdown_views[name] = BreakdownView(curve)
+        picture = view.png(min(self.breakdown_point.value, len(curve.points) - 1))
+        self._show(self.out_breakdown, Image(picture))
+        return picture
 
     def on_download(self, _=None) -> str:
         self.download.value = download_html(self.curves) if self.curves else ""
