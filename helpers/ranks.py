@@ -610,12 +610,6 @@ class _Rank:
     def alive(self) -> bool:
         return self.process.poll() is None
 
-    def died(self, when: str) -> RankError:
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.process.wait(timeout=5)
-        return RankError(0, "start", f"the ranks' launcher exited {when} "
-                         f"({_describe_exit(self.process.returncode)})")
-
     def exit_code(self) -> int:
         """The exit status, for certain: wait for the process (kill it if it lingers) first."""
         try:
