@@ -504,9 +504,15 @@ class _Launcher:
     def alive(self) -> bool:
         return self.process.poll() is None
 
-    def died(self, when: str) -> RankError:
+    def exited(self) -> bool:
+        """Whether it has exited, after waiting a moment: a request that failed on its socket
+        means it is dying, but the socket closes a little before the process can be reaped."""
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.process.wait(timeout=5)
+        return self.process.returncode is not None
+
+    def died(self, when: str) -> RankError:
+        self.exited()
         return RankError(0, "start", f"the ranks' launcher exited {when} "
                          f"({_describe_exit(self.process.returncode)})")
 
@@ -559,7 +565,7 @@ class _Forked:
             try:
                 self.returncode = self.launcher.poll(self.pid)
             except (EOFError, OSError):
-                if self.launcher.alive():
+                if not self.launcher.exited():
                     raise
                 # The launcher's death kills each of its ranks (PR_SET_PDEATHSIG, SIGKILL).
                 self.returncode = -signal.SIGKILL
