@@ -196,6 +196,32 @@ def test_a_cached_layout_starts_from_the_single_process_step_and_is_built_once(f
     assert four.run(layouts.forget_layouts) == [0] * 4
 
 
+def test_the_widget_shows_text_and_both_figures_in_one_update(four):
+    """A click on run replaces the output with the sentence, the breakdown and the Gantt chart,
+    set as one list of outputs after the run (none left to matplotlib's display hook)."""
+    import re
+
+    from helpers.cost.alpha_beta import Fit
+    from helpers.cost.parallel3d import Calibration, Layout, shapes_used, stages_used
+    from helpers.views.parallel3d import widget_parallel3d
+    lay = Layout(1, 2, 2, M)
+    calibration = Calibration(   # prices this one layout: 1 ms a piece, 10 µs a message
+        world=4, compute_s=dict.fromkeys(shapes_used([lay], SMALL), 1e-3), cores=4.0,
+        tp_all_reduce={2: Fit("all_reduce", 1e-5, 0.0)}, all_reduce={},
+        send_recv=Fit("send_recv", 1e-5, 0.0), optimizer_s=dict.fromkeys(stages_used([lay], SMALL), 0.0),
+        lateness={})
+    widget = widget_parallel3d(four.resize(4), calibration, SMALL, steps=1)
+    (mesh_box, m_box, button), out = widget.children[0].children, widget.children[1]
+    assert [(v.d, v.t, v.p) for _, v in mesh_box.options] == [(1, 2, 2)]  # the only one priced
+    assert m_box.options == (M,)
+    button.click()
+    kinds = [o["output_type"] for o in out.outputs]
+    assert kinds == ["stream", "display_data", "display_data"], out.outputs
+    assert re.fullmatch(r"1·2·2 m=2: measured \d+ ms, predicted \d+ ms \([+-]\d+%\), loss [\d.]+\n",
+                        out.outputs[0]["text"]), out.outputs[0]["text"]
+    assert all(o["data"]["image/png"] for o in out.outputs[1:])
+
+
 # --- PyTorch's own pieces -----------------------------------------------------------------
 
 def test_torch_device_mesh_tp_fsdp2_and_pipelining_together_on_8_ranks(eight, one_step):

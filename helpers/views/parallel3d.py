@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import ipywidgets as widgets
 import matplotlib.pyplot as plt
-from IPython.display import display
 
 from helpers.cost.parallel3d import Breakdown, Comparison, Layout, layout_problem, predict
 from helpers.parallel.layouts import run_layout
 from helpers.parallel.mesh import factorizations
+from helpers.views.pp import png_output, text_output
 
 _COLOURS = {"compute": "tab:blue", "tp_comm": "tab:orange", "pp_comm": "tab:green",
             "dp_comm": "tab:red", "optimizer": "tab:brown"}
@@ -104,21 +104,23 @@ def widget_parallel3d(live, calibration, config, steps: int = 3):
     def valid_m(*_):
         mesh = mesh_box.value
         m_box.options = ms_of(mesh)
-        m_box.value = 4 if mesh.p > 1 and 4 in m_box.options else 1
+        m_box.value = 4 if mesh.p > 1 and 4 in m_box.options else m_box.options[0]
 
     def on_run(_):
         mesh = mesh_box.value
         layout = Layout(mesh.d, mesh.t, mesh.p, m_box.value)
-        with out:
-            out.clear_output(wait=True)
+        with out:  # an error shows here, below the last result
             run = run_layout(live, layout, config, steps)
             comparison = Comparison(layout, run.breakdown, predict(layout, config, calibration))
-            print(f"{layout}: measured {1e3 * run.step_s:.0f} ms, predicted "
-                  f"{1e3 * comparison.predicted_s:.0f} ms ({comparison.rel_error:+.0%}), "
-                  f"loss {run.loss:.4f}")
-            for fig in (plot_breakdown([comparison]), plot_gantt(run.timelines, str(layout))):
-                display(fig)
+            text = (f"{layout}: measured {1e3 * run.step_s:.0f} ms, predicted "
+                    f"{1e3 * comparison.predicted_s:.0f} ms ({comparison.rel_error:+.0%}), "
+                    f"loss {run.loss:.4f}")
+            figures = (plot_breakdown([comparison]), plot_gantt(run.timelines, str(layout)))
+            pictures = tuple(png_output(fig) for fig in figures)
+            for fig in figures:
                 plt.close(fig)
+            # the text and both pictures replace the last result in one message, after the work
+            out.outputs = (text_output(text),) + pictures
 
     mesh_box.observe(valid_m, "value")
     valid_m()

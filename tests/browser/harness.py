@@ -280,7 +280,7 @@ OUTPUT_STATE_JS = r"""
 # Resolves with the output's state once it is ready (changed from `before` where a change is
 # expected, with an image where one is wanted), the kernel idle and nothing changed for quietMs.
 SETTLE_JS = """
-(area, [before, expectChange, wantImage, quietMs, timeoutMs, wantText, wantNewImage]) => new Promise(resolve => {
+(area, [before, expectChange, wantImage, quietMs, timeoutMs, wantText, wantNewImage, minImages]) => new Promise(resolve => {
   const state = %s;
   const sig = (s) => JSON.stringify([s.text, s.images, s.errors]);
   const base = sig(before), t0 = performance.now(), oldImages = JSON.stringify(before.images);
@@ -295,7 +295,7 @@ SETTLE_JS = """
     const idle = !ind || ind.getAttribute('data-status') === 'idle';
     // a widget may go on drawing after its callback returned (the kernel idle): wait for what
     // the step expects (its text, a new image), not merely for the first change
-    const ready = (changed || !expectChange) && (now.images.length > 0 || !wantImage)
+    const ready = (changed || !expectChange) && (now.images.length >= minImages || !wantImage)
                   && (!re || re.test(now.text))
                   && (!wantNewImage || (now.images.length > 0 && JSON.stringify(now.images) !== oldImages));
     if (((ready || t - t0 > timeoutMs) && idle && t - lastChange >= quietMs)
@@ -600,15 +600,19 @@ class Notebook:
 
     def settle(self, area, before: dict, expect_change: bool = True, timeout: float = 60,
                quiet: float = 0.25, want_image: bool = False, want_text: str | None = None,
-               want_new_image: bool = False) -> dict:
+               want_new_image: bool = False, images: int = 1) -> dict:
         """Wait until the output has changed from `before` (when a change is expected), shows an
         image (when `want_image`: callbacks that print before they draw), and then stayed the same
         for `quiet` seconds with the kernel idle. With `want_text` (a regex) or `want_new_image`,
         also until the text matches and an image other than before's is shown: a widget may draw
-        after its callback returned. Returns the final state (at the timeout: as it is then).
+        after its callback returned. With `want_image`, `images` is how many images the output must
+        show (a callback may display several, one message each, and the kernel's indicator does
+        not wait for a callback run on a subshell). Returns the final state (at the timeout: as
+        it is then).
         Watched in the page (every 40 ms), so a settled output is seen at once."""
         return area.evaluate(SETTLE_JS, [before, expect_change, want_image,
-                                         quiet * 1000, timeout * 1000, want_text, want_new_image])
+                                         quiet * 1000, timeout * 1000, want_text, want_new_image,
+                                         images])
 
     def screenshot(self, area, name: str) -> Path:
         SHOTS.mkdir(exist_ok=True)

@@ -270,7 +270,7 @@ def one_move(nb, index: int):
     drawn = step.image and step.change is not False
     after = nb.settle(area, before, expect_change=step.change is True, timeout=step.timeout,
                       want_image=drawn, want_new_image=drawn,
-                      want_text=step.text_pattern(value) or None)
+                      want_text=step.text_pattern(value) or None, images=step.images)
     print(f"{nb.stem} {step.id} → {value!r}: settled in {time.monotonic() - t0:.2f} s")
     nb.screenshot(area, f"{index:02d}-{step.id}")
     problems = check(step, before, after, value)
