@@ -16,9 +16,9 @@ from helpers.parallel.groups import split_groups  # noqa: E402
 from helpers.parallel.schedules import (Action, Event, check_event_log, make_plan,  # noqa: E402
                                         peak_live, simulate)
 from helpers.ranks import LiveRanks  # noqa: E402
-from helpers.views.pp import (MAX_WIDGET_WORLD_SIZE, pipeline_outputs,  # noqa: E402
-                              plot_bubble_sweep, plot_gantt, plot_runs, schedules_for, valid_ms,
-                              widget_pipeline)
+from helpers.views.pp import (MAX_WIDGET_WORLD_SIZE, WIDGET_T_F, PipelineView,  # noqa: E402
+                              _height, pipeline_outputs, plot_bubble_sweep, plot_gantt, plot_runs,
+                              schedules_for, valid_ms, widget_pipeline)
 
 
 @pytest.fixture(scope="module")
@@ -268,15 +268,68 @@ def test_widget_at_its_extremes():
 
 
 @pytest.mark.parametrize("p,m,schedule", EXTREMES)
-def test_widget_callback_reuses_one_figure_and_labels_do_not_overlap(p, m, schedule):
-    fig = Figure()
+def test_widget_callback_keeps_its_axes_and_labels_do_not_overlap(p, m, schedule):
+    view = PipelineView()
     for _ in range(2):
-        image, text = pipeline_outputs(schedule, p, m, None, fig=fig)
-    assert len(fig.axes) == 1 and bars(fig.axes[0]) == 2 * p * m * (2 if schedule == "interleaved" else 1)
-    fig.canvas.draw()
-    boxes = [t.get_window_extent() for t in fig.axes[0].texts]
+        image, text = pipeline_outputs(schedule, p, m, None, view=view)
+    (blit,) = view._axes.values()   # the second run drew over the first one's axes
+    ax = blit.figure.axes[0]
+    assert len(blit.figure.axes) == 1 and bars(ax) == 2 * p * m * (2 if schedule == "interleaved" else 1)
+    renderer = blit.canvas.get_renderer()
+    boxes = [t.get_window_extent(renderer) for t in ax.texts]
     assert not any(a.overlaps(b) for i, a in enumerate(boxes) for b in boxes[i + 1:])
     assert pipeline_outputs("interleaved", 8, 4)[0]["text"].startswith("not a valid pipeline")
+
+
+def _pixels(png_bytes: bytes):
+    import io
+
+    import numpy as np
+    from PIL import Image
+    return np.asarray(Image.open(io.BytesIO(png_bytes)).convert("RGB"), dtype=int)
+
+
+def test_the_blitted_gantt_chart_is_the_one_drawn_afresh():
+    """Each run draws only bars, labels and title over its (p, span)'s saved axes: the picture
+    must be the one a full draw of the same axes gives, whatever was drawn before."""
+    import base64
+    import io
+
+    from helpers.views.pp import gantt_axes, gantt_bars, shared_span_ms
+    view = PipelineView()
+    runs = [pp.timed_schedule(s, p, m, None, WIDGET_T_F)
+            for p, m in ((4, 4), (8, 16), (4, 8)) for s in schedules_for(p) if m in valid_ms(s, p)]
+    for run in runs + runs[::-1]:
+        span = shared_span_ms(run.p, run.m, WIDGET_T_F)
+        fig = Figure(figsize=(10, _height(run.p)), dpi=90)
+        fig.subplots_adjust(left=0.07, right=1 - 0.145, bottom=0.5 / _height(run.p),
+                            top=1 - 0.35 / _height(run.p))
+        ax = fig.add_subplot()
+        gantt_axes(ax, run.p, span)
+        gantt_bars(ax, run.events, span)
+        ax.set_title(run.summary(), fontsize=10)
+        buffer = io.BytesIO()
+        fig.savefig(buffer, format="png", dpi=90)
+        fresh = _pixels(buffer.getvalue())
+        blitted = _pixels(base64.b64decode(pipeline_outputs(
+            run.schedule, run.p, run.m, None, view=view)[0]["data"]["image/png"]))
+        assert blitted.shape == fresh.shape
+        assert (abs(blitted - fresh).max(axis=2) > 32).mean() < 0.002, run.summary()
+    assert len(view._axes) <= PipelineView.KEEP
+
+
+def test_the_schedules_of_one_p_and_m_share_a_time_axis_a_longer_run_widens_it():
+    from helpers.views.pp import _nice_ceiling, shared_span_ms
+    assert (_nice_ceiling(150.0), _nice_ceiling(151.0), _nice_ceiling(9.9)) == (150, 175, 10)
+    span = shared_span_ms(4, 4, WIDGET_T_F)
+    slowest = max(pp.simulated_run(s, 4, 4, t_f=WIDGET_T_F).makespan for s in ("gpipe", "1f1b"))
+    assert 1.2e3 * slowest <= span < 1.25 * 1.2e3 * slowest
+    view = PipelineView()
+    run = pp.timed_schedule("1f1b", 4, 4, None, WIDGET_T_F)
+    view.png(run)
+    slow = pp.timed_schedule("1f1b", 4, 4, None, 2 * WIDGET_T_F)   # twice as long: no longer fits
+    view.png(slow)
+    assert [key for key in view._axes] == [(4, span), (4, _nice_ceiling(slow.makespan * 1e3))]
 
 
 def test_replayed_run_of_a_perfect_run_is_itself():

@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import base64
 import io
+import math
 import threading
+from collections import OrderedDict
+from functools import lru_cache
 
 import ipywidgets as W
 from matplotlib import colormaps
@@ -18,6 +21,7 @@ from helpers.cost.bubble import bubble_theory
 from helpers.models import LECTURE
 from helpers.parallel import pp
 from helpers.parallel.schedules import PIPELINE_SCHEDULES, Event
+from helpers.views.hardware import Blitted
 
 MAX_WIDGET_WORLD_SIZE = 8  # the widget's largest p: still timed honestly in wait mode
 
@@ -55,30 +59,19 @@ def plot_gantt(events: list[Event], p: int, title: str = "", ax=None, unit: str 
     """
     if ax is None:
         ax = Figure(figsize=(10, _height(p)), layout="constrained").add_subplot()
-    t0 = min(e.start for e in events)
     scale = 1e3 if unit == "ms" else 1.0
+    t0 = min(e.start for e in events)
     span = max(span or 0.0, (max(e.end for e in events) - t0) * scale)
-    v = max(e.chunk for e in events) + 1
-    inches = ax.get_position().width * ax.figure.get_figwidth()
-    bars = {"F": ([], []), "B": ([], [])}  # kind -> (rectangles, colours): one collection each
-    for e in events:
-        start, width = (e.start - t0) * scale, e.duration * scale
-        rectangles, colours = bars[e.kind]
-        rectangles.append([(start, e.rank - 0.4), (start + width, e.rank - 0.4),
-                           (start + width, e.rank + 0.4), (start, e.rank + 0.4)])
-        colours.append(_colour(e.mb))
-        label = _label(e, v)
-        size = next((s for s in (7, 6) if _fits(label, width, span, inches, s)), None)
-        if size:  # the largest font that fits, or no label
-            ax.text(start + width / 2, e.rank, label, ha="center", va="center", fontsize=size,
-                    clip_on=True, bbox=dict(boxstyle="round,pad=0.15", facecolor="white",
-                                            edgecolor="none", alpha=0.85))
-    for kind, (rectangles, colours) in bars.items():
-        forward = kind == "F"
-        ax.add_collection(PolyCollection(
-            rectangles, facecolors=colours, alpha=0.4 if forward else 0.9,
-            hatch=None if forward else "///", edgecolors="black" if forward else "white",
-            linewidths=0.4, label=f"{kind} bars"))
+    gantt_axes(ax, p, span, unit)
+    gantt_bars(ax, events, span, unit)
+    if title:
+        ax.set_title(title, fontsize=10)
+    return ax.figure
+
+
+def gantt_axes(ax, p: int, span: float, unit: str = "ms") -> None:
+    """What a Gantt chart's axes show whatever its events: ranks, the time axis up to `span`
+    (in `unit`), and the legend."""
     ax.set_yticks(range(p), [f"rank {r}" for r in range(p)])
     ax.set_ylim(p - 0.5, -0.5)  # rank 0 on top, as in the papers
     ax.set_xlim(0, span * 1.01)
@@ -88,9 +81,35 @@ def plot_gantt(events: list[Event], p: int, title: str = "", ax=None, unit: str 
                Patch(facecolor="none", edgecolor="none", label="colour = mb")]
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=7,
               frameon=False)
-    if title:
-        ax.set_title(title, fontsize=10)
-    return ax.figure
+
+
+def gantt_bars(ax, events: list[Event], span: float, unit: str = "ms") -> list:
+    """The bars of an event log (times from its first start) and the labels that fit in
+    them, added to `ax` (whose time axis is `span` long, in `unit`); returns the artists."""
+    t0 = min(e.start for e in events)
+    scale = 1e3 if unit == "ms" else 1.0
+    v = max(e.chunk for e in events) + 1
+    inches = ax.get_position().width * ax.figure.get_figwidth()
+    bars = {"F": ([], []), "B": ([], [])}  # kind -> (rectangles, colours): one collection each
+    labels = []
+    for e in events:
+        start, width = (e.start - t0) * scale, e.duration * scale
+        rectangles, colours = bars[e.kind]
+        rectangles.append([(start, e.rank - 0.4), (start + width, e.rank - 0.4),
+                           (start + width, e.rank + 0.4), (start, e.rank + 0.4)])
+        colours.append(_colour(e.mb))
+        label = _label(e, v)
+        size = next((s for s in (7, 6) if _fits(label, width, span, inches, s)), None)
+        if size:  # the largest font that fits, or no label
+            labels.append(ax.text(
+                start + width / 2, e.rank, label, ha="center", va="center", fontsize=size,
+                clip_on=True, bbox=dict(boxstyle="round,pad=0.15", facecolor="white",
+                                        edgecolor="none", alpha=0.85)))
+    collections = [ax.add_collection(PolyCollection(
+        rectangles, facecolors=colours, alpha=0.4 if kind == "F" else 0.9,
+        hatch=None if kind == "F" else "///", edgecolors="black" if kind == "F" else "white",
+        linewidths=0.4, label=f"{kind} bars")) for kind, (rectangles, colours) in bars.items()]
+    return collections + labels  # in the order the axes draw them: bars under labels
 
 
 def plot_runs(runs, unit: str = "ms") -> Figure:
@@ -140,33 +159,73 @@ def schedules_for(p: int) -> tuple[str, ...]:
     return tuple(s for s in PIPELINE_SCHEDULES if valid_ms(s, p))
 
 
-def draw_pipeline(run: pp.PipelineRun, fig: Figure | None = None) -> Figure:
-    """The widget's picture of one run, drawn into `fig` (a new figure when None). A figure
-    drawn before keeps its axes: only the bars, labels, title and limits change, and the
-    margins are fixed (no layout engine), which is most of what a redraw would cost."""
-    height = _height(run.p)
-    if fig is None:
-        fig = Figure()
-    fig.set_size_inches(10, height)
-    if fig.axes:
-        ax = fig.axes[0]
-        for artist in [*ax.collections, *ax.texts]:
+def _nice_ceiling(x: float) -> float:
+    """`x` rounded up to a multiple of a quarter of its power of ten (150 → 150, 151 → 175)."""
+    step = 10 ** math.floor(math.log10(x)) / 4
+    return math.ceil(x / step - 1e-9) * step
+
+
+@lru_cache(maxsize=64)
+def shared_span_ms(p: int, m: int, t_f: float) -> float:
+    """The time axis of every schedule the widget offers at (p, m): the slowest one's
+    simulated length, with a fifth more for what a real run adds (messages, waking up)."""
+    return _nice_ceiling(1.2e3 * max(pp.simulated_run(s, p, m, t_f=t_f).makespan
+                                     for s in schedules_for(p) if m in valid_ms(s, p)))
+
+
+class PipelineView:
+    """The widget's Gantt chart. The axes (ranks, time axis, legend) are drawn once for each
+    (p, time span) and kept (the last KEEP); a run draws only its bars, labels and title over
+    the saved pixels. The schedules of one (p, m) share a time axis, so a switch of schedule
+    compares their lengths at a glance; a run longer than that axis gets a longer one."""
+
+    KEEP = 6
+
+    def __init__(self, t_f: float = WIDGET_T_F):
+        self.t_f = t_f
+        self._axes: OrderedDict[tuple, Blitted] = OrderedDict()
+
+    def _blitted(self, p: int, span: float) -> Blitted:
+        blit = self._axes.pop((p, span), None)
+        if blit is None:
+            height = _height(p)
+            fig = Figure(figsize=(10, height))
+            fig.subplots_adjust(left=0.7 / 10, right=1 - 1.45 / 10, bottom=0.5 / height,
+                                top=1 - 0.35 / height)   # fixed margins: no layout engine
+            ax = fig.add_subplot()
+            gantt_axes(ax, p, span)
+            ax.set_title(" ", fontsize=10)
+            blit = Blitted(fig, [ax.title], dpi=90)
+        self._axes[p, span] = blit
+        while len(self._axes) > self.KEEP:
+            self._axes.popitem(last=False)
+        return blit
+
+    def png(self, run: pp.PipelineRun) -> bytes:
+        span = shared_span_ms(run.p, run.m, self.t_f)
+        if run.makespan * 1e3 > span:
+            span = _nice_ceiling(run.makespan * 1e3)
+        blit = self._blitted(run.p, span)
+        ax = blit.figure.axes[0]
+        for artist in blit.moving[1:]:   # the last run's bars and labels
             artist.remove()
-    else:
-        ax = fig.add_subplot()
-    fig.subplots_adjust(left=0.7 / 10, right=1 - 1.45 / 10, bottom=0.5 / height,
-                        top=1 - 0.35 / height)
-    plot_gantt(run.events, run.p, title=run.summary(), ax=ax, unit="ms")
-    return fig
+        ax.title.set_text(run.summary())
+        blit.set_moving([ax.title, *gantt_bars(ax, run.events, span)])
+        return blit.png()
 
 
 def png_output(fig: Figure) -> dict:
     """A figure as one display_data output (PNG bytes encoded here, not by a display hook)."""
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=90)
+    return image_output(buffer.getvalue(), fig.axes[0].get_title() if fig.axes else "")
+
+
+def image_output(png_bytes: bytes, title: str = "") -> dict:
+    """PNG bytes as one display_data output."""
     return {"output_type": "display_data", "metadata": {},
-            "data": {"image/png": base64.b64encode(buffer.getvalue()).decode("ascii"),
-                     "text/plain": f"<Figure: {fig.axes[0].get_title() if fig.axes else ''}>"}}
+            "data": {"image/png": base64.b64encode(png_bytes).decode("ascii"),
+                     "text/plain": f"<Figure: {title}>"}}
 
 
 def text_output(text: str) -> dict:
@@ -174,16 +233,16 @@ def text_output(text: str) -> dict:
 
 
 def pipeline_outputs(schedule: str, p: int, m: int, ranks=None, t_f: float = WIDGET_T_F,
-                     fig: Figure | None = None) -> tuple[dict, ...]:
+                     view: PipelineView | None = None) -> tuple[dict, ...]:
     """The widget's callback as a pure function: run (ranks) or simulate (ranks=None) one
-    schedule and return what its Output shows, the Gantt chart (drawn into `fig`) and a line
-    of text. Invalid settings say why instead of drawing."""
+    schedule and return what its Output shows, the Gantt chart (drawn by `view`, a new one
+    when None) and a line of text. Invalid settings say why instead of drawing."""
     try:
         run = pp.timed_schedule(schedule, p, m, ranks, t_f)
     except (ValueError, TypeError) as error:
         return (text_output(f"not a valid pipeline: {error}"),)
-    fig = draw_pipeline(run, fig)
-    return (png_output(fig),
+    picture = (view or PipelineView(t_f)).png(run)
+    return (image_output(picture, run.summary()),
             text_output(f"{run.summary()}; peak live micro-batches per rank {run.peak_live}"))
 
 
@@ -204,7 +263,7 @@ def widget_pipeline(ranks=None, t_f: float = WIDGET_T_F) -> W.Widget:
                           style=style)
     m = W.SelectionSlider(options=valid_ms("1f1b", 4), value=4, description="m (micro-batches)",
                           continuous_update=False, style=style)
-    fig = Figure()
+    view = PipelineView(t_f)
     lock = threading.Lock()
     state = {"adjusting": False, "shown": None}
 
@@ -213,7 +272,7 @@ def widget_pipeline(ranks=None, t_f: float = WIDGET_T_F) -> W.Widget:
             key = (schedule.value, p.value, m.value)
             if key == state["shown"]:
                 return
-            out.outputs = pipeline_outputs(*key, ranks=ranks, t_f=t_f, fig=fig)
+            out.outputs = pipeline_outputs(*key, ranks=ranks, t_f=t_f, view=view)
             state["shown"] = key
 
     def on_p(_=None):
