@@ -33,7 +33,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help=f"operations, from {', '.join(sorted(OPS))} (default all_reduce)")
     parser.add_argument("--sizes", nargs="+", default=None, metavar="SIZE",
                         help="message sizes in bytes, e.g. 4096 4KiB 1MiB "
-                             "(default 1 KiB to 64 MiB by 4x; --full: 1 KiB to 256 MiB by 2x)")
+                             "(default 1 KiB to 16 MiB by 4x; --full: 1 KiB to 256 MiB by 2x)")
     parser.add_argument("--full", action="store_true", help="the full size range, 1 KiB to 256 MiB")
     parser.add_argument("--iters", type=int, default=100,
                         help="timed iterations per size up to 1 MiB, fewer above (default 100)")
