@@ -15,8 +15,9 @@ whole default H100 curve and samples of the others). What makes it fast:
 * N-free caches — each communication part is a cluster-wide factor (·/N) times a sum or
   maximum of small integers over each level's bandwidth, so its best split is cached once
   per curve (shaved by 1e-12: computed in another order than `comm`, it may differ from
-  the exact value by a few ulps) and only scaled per cluster size. Matmul times, divisors,
-  placement tables and the exact communication of each split are cached too.
+  the exact value by a few ulps) and only scaled per cluster size. Matmul times, divisors
+  and placement tables are cached too; the exact communication of each split is memoised
+  within one `best_plan` call (the model or N changes from one call to the next).
 
 Ties are settled as in the reference (`reference.tie_key`, the public reference code's
 rule): among equal (run time, bandwidth time) keys the earliest row in the model's
@@ -34,7 +35,7 @@ import numpy as np
 
 from helpers.hardware import GPU
 
-from .comm import allreduce, dp_comm, ep_frequencies, outer, pp_frequencies, top_level
+from .comm import ep_frequencies, outer, pp_frequencies, top_level
 from .matmul import matmul_constants, matmul_seconds, tile
 from .placement import _inner_table, _with_outer, factorization_table, placement_table
 from .plan import Plan
@@ -95,9 +96,6 @@ def _plain_levels(levels) -> tuple[_Level, ...]:
     return tuple(_Level((lv.bandwidth_Bps, lv.latency_s)) for lv in levels)
 
 
-_dp = lru_cache(maxsize=None)(dp_comm)
-
-
 @lru_cache(maxsize=None)
 def _microbatches(per_gpu: int, PP: int, zb: bool) -> tuple[int, ...]:
     """The first 4 (1 under ZB) divisors of the per-replica batch that fill the pipeline."""
@@ -121,12 +119,26 @@ def _pair_splits(caps, a: int, b: int):
                  if all(cap % (i * j) == 0 for cap, i, j in zip(caps, x, y)))
 
 
-@lru_cache(maxsize=None)
-def _allreduce_levels(words, split, rs, rp, levels, N, by) -> tuple[tuple[float, ...], ...]:
-    """(bandwidth, latency) per level of one TP kind, as in `comm.tp_comm`'s loop."""
-    per = [allreduce(words, split[k], rs, rp * outer(split, k), lv, N, by)
-           for k, lv in enumerate(levels)]
-    return tuple(x[0] for x in per), tuple(x[1] for x in per)
+def _allreduce_levels(words, split, rs, rp, levels, N, by) -> tuple[list[float], list[float]]:
+    """(bandwidth, latency) per level of one TP kind, as in `comm.tp_comm`'s loop: the
+    operations of `comm.allreduce`, in its order, written out (this runs for every split)."""
+    bws, lats = [], []
+    for k, (bw, lat) in enumerate(levels):
+        p = split[k]
+        bws.append(2 * (p - 1) * words * rs * (rp * math.prod(split[k + 1:])) * by
+                   / (N * bw / 2))
+        lats.append(2 * rs * lat if p > 1 else 0.0)
+    return bws, lats
+
+
+def _dp_exact(P, split, levels, N, by) -> tuple[float, float]:
+    """`comm.dp_comm`, its operations in its order, written out (this runs for every split)."""
+    bw_max, lat_sum = 0.0, 0.0
+    for k, (bw, lat) in enumerate(levels):
+        p = split[k]
+        bw_max = max(bw_max, 2 * (p - 1) * P * 1 * math.prod(split[k + 1:]) * by / (N * bw / 2))
+        lat_sum += 2 * 1 * lat if p > 1 else 0.0
+    return bw_max, lat_sum
 
 
 # --- lower bounds on each communication part, free of N and mostly of the model ----------
@@ -206,9 +218,10 @@ def _ppep_unit(levels, caps, PP, EP, v, L) -> tuple[float, float]:
 def clear_caches() -> None:
     """Forget every cached result (for honest cold-start benchmarks)."""
     for fn in (tile, _matmul, _six_matmuls, divisors, _divisor_array, _microbatches, _splits,
-               _pair_splits, _dp, _allreduce_levels, _dp_unit, _tp_unit, _ppep_weights, _ppep_unit,
-               _tp_unit_any, _ppep_unit_any, _tp_shapes, _schedules, _schedule_kinds, _tp_rows,
-               _pairs, _tp_pair, _ppep_terms, _ppep_exact, placement_table, factorization_table,
+               _pair_splits, _dp_unit, _tp_unit, _ppep_weights, _ppep_unit,
+               _tp_unit_any, _ppep_unit_any, _tp_units, _ppep_units, _tp_shapes, _schedules,
+               _schedule_kinds, _tp_rows,
+               _ppep_terms, _ep_terms, placement_table, factorization_table,
                _inner_table, _with_outer):
         fn.cache_clear()
     _GPUS.clear()
@@ -243,8 +256,9 @@ class _Pairs:
         EP = math.gcd(N, s)
         R = N // EP
         self.EP = EP
-        self.tps, self.shapes, self.min_area = _tp_rows(math.gcd(R, d * f), d, f)
-        self.pps = divisors(math.gcd(R, L))[::-1]  # PP descending = DP ascending for one TP
+        self.tp_g, self.pp_g = math.gcd(R, d * f), math.gcd(R, L)
+        self.tps, self.shapes, self.min_area = _tp_rows(self.tp_g, d, f)
+        self.pps = divisors(self.pp_g)[::-1]  # PP descending = DP ascending for one TP
         TPa = np.array(self.tps, dtype=np.int64)
         self.PPa = PPa = np.array(self.pps, dtype=np.int64)
         prod = TPa[:, None] * PPa[None, :]
@@ -268,11 +282,6 @@ def _tp_rows(g: int, d: int, f: int) -> tuple[list[int], list, np.ndarray]:
     min_area = np.array([min(6 * 1024 * -(-(f // b) // 8) * -(-(d // a) // 8) for a, b in x)
                          for x in shapes], dtype=float)
     return tps, shapes, min_area
-
-
-@lru_cache(maxsize=256)
-def _pairs(*key) -> _Pairs:
-    return _Pairs(*key)
 
 
 class _Layouts:
@@ -352,11 +361,13 @@ class _Layouts:
                 self.EP)
 
 
-@lru_cache(maxsize=None)
-def _tp_pair(d, f, L, B, x, y, levels, N, by) -> tuple[float, float]:
-    """`comm.tp_comm` for one (TP_model, TP_ff) split, reusing each kind's per-level times."""
-    bw1, lat1 = _allreduce_levels(f, x, 2 * L, B, levels, N, by)
-    bw2, lat2 = _allreduce_levels(d, y, 2 * L, B, levels, N, by)
+def _tp_pair(d, f, L, B, x, y, levels, N, by, kinds: dict) -> tuple[float, float]:
+    """`comm.tp_comm` for one (TP_model, TP_ff) split, reusing each kind's per-level times
+    (`kinds`: this call's memo of `_allreduce_levels`, keyed by words and split)."""
+    bw1, lat1 = kinds.get((f, x)) or kinds.setdefault((f, x), _allreduce_levels(
+        f, x, 2 * L, B, levels, N, by))
+    bw2, lat2 = kinds.get((d, y)) or kinds.setdefault((d, y), _allreduce_levels(
+        d, y, 2 * L, B, levels, N, by))
     bw_max, lat_sum = 0.0, 0.0
     for k in range(len(levels)):
         bw_max = max(bw_max, bw1[k] + bw2[k])
@@ -365,28 +376,35 @@ def _tp_pair(d, f, L, B, x, y, levels, N, by) -> tuple[float, float]:
 
 
 @lru_cache(maxsize=None)
+def _ep_terms(EP) -> tuple[tuple[int, float, float], ...]:
+    """(level, bandwidth weight, latency weight) of the expert all-to-all, as
+    `comm.ep_frequencies` gives them, in its order."""
+    ep_bw, ep_lat = ep_frequencies(EP)
+    return tuple((el, eb, ep_lat[el]) for el, eb in ep_bw.items())
+
+
+@lru_cache(maxsize=None)
 def _ppep_terms(L, v, PP, EP) -> tuple[tuple, tuple]:
     """The repeat counts of `comm.ppep_comm`'s double loop that are not exactly 0, in its
     order, with the level each is charged on: (bandwidth terms, latency terms). They do not
     depend on the model's width, the batch, the network's speeds or N."""
-    pp_freq = pp_frequencies(L, v, PP)
-    ep_bw, ep_lat = ep_frequencies(EP)
+    ep_terms = _ep_terms(EP)
     bw, lat = [], []
-    for pl, pf in pp_freq.items():
-        for el, eb in ep_bw.items():
-            level = max(pl, el)
+    for pl, pf in pp_frequencies(L, v, PP).items():
+        crossings = 2 * (L - 1) * pf   # the reference's 2·(L−1)·pf·w, left to right
+        for el, eb, el_lat in ep_terms:
+            level = pl if pl > el else el
             if level < 0:
                 continue
-            rs = 2 * (L - 1) * pf * eb
+            rs = crossings * eb
             if rs != 0.0:
                 bw.append((level, rs))
-            rs = 2 * (L - 1) * pf * ep_lat[el]
+            rs = crossings * el_lat
             if rs != 0.0:
                 lat.append((level, rs))
     return tuple(bw), tuple(lat)
 
 
-@lru_cache(maxsize=None)
 def _ppep_exact(d, L, B, v, PP, EP, levels, N, by) -> tuple[float, float]:
     """`comm.ppep_comm`, operation for operation, leaving out the terms whose repeat count
     is exactly 0 (each would add +0.0, which changes no sum)."""
@@ -399,34 +417,34 @@ def _ppep_exact(d, L, B, v, PP, EP, levels, N, by) -> tuple[float, float]:
     return bw_sum, lat_sum
 
 
-def _placed_comm(model: Model, levels, caps, deg, v, N, by, memo: tuple[dict, dict, dict]):
+def _placed_comm(model: Model, levels, caps, deg, v, N, by, memo: tuple[dict, ...]):
     """Communication parts of every placement of one layout, as six arrays (or None).
     `memo` holds each split's parts for this model, network and N (one `best_plan` call):
-    dicts keyed by the split alone are cheaper than the caches' nine-argument keys."""
+    dicts keyed by the split alone are cheaper than caches keyed by all nine arguments (and
+    across calls the model or N differs, so such caches would never hit)."""
     table = placement_table(caps, deg)
     if table is None:
         return None
     d, f, L, B, P = model.d, model.f, model.L, model.B, model.P
-    tp_memo, pe_memo, dp_memo = memo
+    tp_memo, pe_memo, dp_memo, kinds = memo
     parts = []
     for x, y in table.tp:
         got = tp_memo.get((x, y))
         if got is None:
-            got = tp_memo[x, y] = _tp_pair(d, f, L, B, x, y, levels, N, by)
-        parts.append(got)
+            got = tp_memo[x, y] = _tp_pair(d, f, L, B, x, y, levels, N, by, kinds)
+        parts += got
     for x, y in table.ppep:
         got = pe_memo.get((v, x, y))
         if got is None:
             got = pe_memo[v, x, y] = _ppep_exact(d, L, B, v, x, y, levels, N, by)
-        parts.append(got)
+        parts += got
     for x in table.dp:
         got = dp_memo.get(x)
         if got is None:
-            got = dp_memo[x] = _dp(P, x, levels, N, by)
-        parts.append(got)
-    # (n, 6): tp_bw, tp_lat, ppep_bw, ppep_lat, dp_bw, dp_lat of every placement.
-    per = np.array(parts)[table.stacked_index].reshape(-1, 6)
-    return table, tuple(per.T)
+            got = dp_memo[x] = _dp_exact(P, x, levels, N, by)
+        parts += got
+    # Rows tp_bw, tp_lat, ppep_bw, ppep_lat, dp_bw, dp_lat, one column per placement.
+    return table, tuple(np.array(parts, dtype=float).take(table.columns))
 
 
 def _steps(matmul, tp_bw, tp_lat, ppep_bw, ppep_lat, dp_bw, dp_lat, PP, m, v, zb,
@@ -491,6 +509,26 @@ def _ppep_unit_any(levels, caps, PP, EP, L, schedules) -> tuple[float, float]:
 
 
 @lru_cache(maxsize=None)
+def _tp_units(levels, caps, tp_g: int, d: int, f: int) -> np.ndarray:
+    """`_tp_unit_any` of each TP degree of `_tp_rows(tp_g, d, f)`, as one array (one cache
+    lookup per call instead of one per degree)."""
+    g = math.gcd(f, d)
+    out = np.array([_tp_unit_any(levels, caps, x, f // g, d // g)
+                    for x in _tp_rows(tp_g, d, f)[1]], dtype=float).reshape(-1, 2)
+    out.flags.writeable = False
+    return out
+
+
+@lru_cache(maxsize=None)
+def _ppep_units(levels, caps, pp_g: int, EP: int, L: int, schedules) -> np.ndarray:
+    """`_ppep_unit_any` of each PP degree (divisors of `pp_g`, descending), as one array."""
+    out = np.array([_ppep_unit_any(levels, caps, pp, EP, L, schedules)
+                    for pp in divisors(pp_g)[::-1]], dtype=float).reshape(-1, 2)
+    out.flags.writeable = False
+    return out
+
+
+@lru_cache(maxsize=None)
 def _schedule_kinds(schedules, pps: tuple[int, ...], L: int) -> tuple[np.ndarray, np.ndarray]:
     """Per PP: whether it has a zero-bubble schedule, and whether it has another one."""
     kinds = [_schedules(schedules, int(x), L) for x in pps]
@@ -503,8 +541,8 @@ def _pair_bounds(model: Model, pairs: _Pairs, levels, caps, N, by, schedules, fl
     """A lower bound on the step of every row of each (TP, DP, PP) triple."""
     d, f, L, s, B, P = model.d, model.f, model.L, model.s, model.B, model.P
     g = math.gcd(f, d)
-    tp = np.array([_tp_unit_any(levels, caps, x, f // g, d // g) for x in pairs.shapes])
-    pe = np.array([_ppep_unit_any(levels, caps, pp, pairs.EP, L, schedules) for pp in pairs.pps])
+    tp = _tp_units(levels, caps, pairs.tp_g, d, f)
+    pe = _ppep_units(levels, caps, pairs.pp_g, pairs.EP, L, schedules)
     dp = np.array([_dp_unit(levels, caps, x) for x in pairs.dp_keys]).reshape(-1, 2)
     dp = dp[pairs.dp_index]
     ti, pj = pairs.ti, pairs.pj
@@ -550,7 +588,7 @@ def best_plan(gpu: GPU, model: Model, settings: Settings, N: int,
     flags = (settings.overlap_tp, settings.overlap_pp, settings.overlap_dp)
     L, s, B, d, f = model.L, model.s, model.B, model.d, model.f
     n_steps = model.D / model.B
-    pairs = _pairs(N, d, f, L, s, B, model.P, gpu.hbm_bytes, by)
+    pairs = _Pairs(N, d, f, L, s, B, model.P, gpu.hbm_bytes, by)
     if not len(pairs.ti):
         return None
     schedules = tuple(settings.schedules)
@@ -601,7 +639,7 @@ def best_plan(gpu: GPU, model: Model, settings: Settings, N: int,
     queue: list = []
     info: dict = {}
     groups: dict = {}
-    memo: tuple[dict, dict, dict] = ({}, {}, {})
+    memo: tuple[dict, ...] = ({}, {}, {}, {})
     best_key = None
     best = None
     while True:
