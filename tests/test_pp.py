@@ -298,8 +298,8 @@ def test_the_blitted_gantt_chart_is_the_one_drawn_afresh():
     from helpers.views.pp import gantt_axes, gantt_bars, shared_span_ms
     view = PipelineView()
     runs = [pp.timed_schedule(s, p, m, None, WIDGET_T_F)
-            for p, m in ((4, 4), (8, 16), (4, 8)) for s in schedules_for(p) if m in valid_ms(s, p)]
-    for run in runs + runs[::-1]:
+            for s, p, m in (("gpipe", 4, 4), ("1f1b", 4, 4), ("interleaved", 8, 16), ("1f1b", 4, 8))]
+    for run in runs + runs[:2]:   # back to (4, 4): its saved axes, the last run's bars gone
         span = shared_span_ms(run.p, run.m, WIDGET_T_F)
         fig = Figure(figsize=(10, _height(run.p)), dpi=90)
         fig.subplots_adjust(left=0.07, right=1 - 0.145, bottom=0.5 / _height(run.p),
