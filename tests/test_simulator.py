@@ -173,13 +173,17 @@ def test_fast_best_plan_equals_reference_on_a_big_cluster():
     assert (fast.tp_model, fast.tp_ff) == (16, 32)  # ties the spec's (8, 64): see above
 
 
-def test_fast_search_equals_reference_on_the_whole_dense_curve(dense):
-    """Every point of the default H100 curve, layout and placement included (the
-    reference takes about 20 s for this)."""
-    slow = run_curve(H100_SXM, Settings(), sizer=reference.size_cluster)
-    assert len(slow.points) == len(dense.points)
-    for a, b in zip(dense.points, slow.points):
-        assert a.plan == b.plan, f"{a.model.C:.3g}"
+def test_fast_search_equals_reference_on_the_dense_curve(dense):
+    """Every other point of the default H100 curve and its last two (the largest feasible one
+    and the latency wall), layout and placement included: the reference takes about 15 s for
+    these. `python -m benchmarks.simulator` compares every point."""
+    picked = sorted(set(range(0, len(dense.points), 2)) | {len(dense.points) - 2,
+                                                           len(dense.points) - 1})
+    assert dense.points[-1].plan is None and dense.points[-2].plan is not None
+    for i in picked:
+        point = dense.points[i]
+        assert reference.size_cluster(H100_SXM, point.model, Settings()) == point.plan, \
+            f"{point.model.C:.3g}"
 
 
 def test_exact_ties_follow_the_reference_codes_order(dense):
@@ -375,7 +379,7 @@ def test_settings_section_rejects_unknown_fields(tmp_path):
 
 
 def test_benchmark_prints_its_json_last():
-    # The reference comparison (20 s) is test_fast_search_equals_reference_on_the_whole_dense_curve.
+    # The reference comparison (15 s) is test_fast_search_equals_reference_on_the_dense_curve.
     r = subprocess.run([sys.executable, "-m", "benchmarks.simulator", "--runs", "1",
                         "--skip-reference"], cwd=ROOT,
                        capture_output=True, text=True, timeout=600,

@@ -1,7 +1,8 @@
 """The search of docs/cost_model.md §6, fast: same candidates, same arithmetic, far fewer evaluations.
 
-Every result is bit-identical to `reference.best_plan` (tests/test_simulator.py checks the
-whole default H100 curve and samples of the others). What makes it fast:
+Every result is bit-identical to `reference.best_plan` (`python -m benchmarks.simulator`
+checks the whole default H100 curve, tests/test_simulator.py half of it, its end and samples
+of the others). What makes it fast:
 
 * vectors — all layouts of a cluster (TP, DP, PP, TP shape, schedule, m) are enumerated at
   once with numpy in the model's order and bounded from below in one pass; all placements
