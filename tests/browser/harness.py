@@ -40,13 +40,6 @@ SETTINGS = {
                                                     "checkForUpdates": False},
 }
 
-# Plugins the tests never use whose page loads cost the server most of its CPU: both ask for the
-# list of nbconvert export formats, which the server builds by scanning every installed package's
-# entry points and instantiating each exporter (27% of JupyterLab's CPU in the browser suite,
-# measured with py-spy).
-DISABLED_PLUGINS = ("@jupyterlab/notebook-extension:export",
-                    "@jupyterlab/notebook-extension:update-raw-mimetype")
-
 
 def chromium_missing_reason() -> str | None:
     """Why the browser tests cannot run here, or None when they can."""
@@ -136,10 +129,6 @@ class Lab:
             path = user_settings / package / f"{name}.jupyterlab-settings"
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(json.dumps(values))
-        labconfig = self.tmp / "config" / "labconfig"
-        labconfig.mkdir(parents=True)
-        (labconfig / "page_config.json").write_text(
-            json.dumps({"disabledExtensions": dict.fromkeys(DISABLED_PLUGINS, True)}))
         env = dict(os.environ,
                    JUPYTERLAB_SETTINGS_DIR=str(user_settings),
                    JUPYTERLAB_WORKSPACES_DIR=str(self.tmp / "workspaces"),
