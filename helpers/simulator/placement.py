@@ -26,10 +26,10 @@ class PlacementTable:
     """Every placement of one layout's degrees (a plain class: built once per layout)."""
 
     __slots__ = ("inner", "prod", "degrees", "dp", "tp", "ppep", "dp_index", "tp_index",
-                 "ppep_index", "stacked_index", "columns")
+                 "ppep_index", "columns")
 
     def __init__(self, inner, prod, degrees, dp, tp, ppep, dp_index, tp_index, ppep_index,
-                 stacked_index, columns):
+                 columns):
         self.inner = inner    # (n, inner levels, 5): each placement's degree per inner level
         self.prod = prod      # (n, 5): each type's product over the inner levels
         self.degrees = degrees  # the outermost level takes what is left: degree // prod
@@ -39,7 +39,6 @@ class PlacementTable:
         self.dp_index = dp_index
         self.tp_index = tp_index
         self.ppep_index = ppep_index
-        self.stacked_index = stacked_index  # (n, 3): rows of [tp; PP/EP; DP] splits stacked
         # (6, n): where each placement's (bandwidth, latency) of each group sits in the flat
         # list [tp splits; PP/EP splits; DP splits] of (bandwidth, latency) pairs
         self.columns = columns
@@ -88,7 +87,7 @@ def _inner_table(caps: tuple[int, ...], sig: tuple[int, ...]):
                   _distinct(done, [3, 4], caps))
     stacked = np.stack([tp[1], pe[1] + len(tp[0]), dp[1] + len(tp[0]) + len(pe[0])], axis=1)
     columns = np.ascontiguousarray((2 * stacked[:, :, None] + np.arange(2)).reshape(-1, 6).T)
-    return done, prod, dp, tp, pe, stacked, columns
+    return done, prod, dp, tp, pe, columns
 
 
 @lru_cache(maxsize=None)
@@ -110,8 +109,7 @@ def placement_table(caps: tuple[int, ...], degrees: tuple[int, ...]) -> Placemen
     got = _inner_table(caps, sig)
     if got is None:
         return None
-    inner, prod, (_, dp_i), (_, tp_i), (_, pe_i), stacked, columns = got
+    inner, prod, (_, dp_i), (_, tp_i), (_, pe_i), columns = got
     return PlacementTable(inner, prod, degrees, _with_outer(caps, sig, 0, degrees[:1]),
                           _with_outer(caps, sig, 1, degrees[1:3]),
-                          _with_outer(caps, sig, 2, degrees[3:5]), dp_i, tp_i, pe_i, stacked,
-                          columns)
+                          _with_outer(caps, sig, 2, degrees[3:5]), dp_i, tp_i, pe_i, columns)

@@ -137,8 +137,9 @@ def _dp_exact(P, split, levels, N, by) -> tuple[float, float]:
     bw_max, lat_sum = 0.0, 0.0
     for k, (bw, lat) in enumerate(levels):
         p = split[k]
-        bw_max = max(bw_max, 2 * (p - 1) * P * 1 * math.prod(split[k + 1:]) * by / (N * bw / 2))
-        lat_sum += 2 * 1 * lat if p > 1 else 0.0
+        # allreduce(P, p, rs=1, rp=outer): the factors of 1 dropped (exact on ints and floats)
+        bw_max = max(bw_max, 2 * (p - 1) * P * math.prod(split[k + 1:]) * by / (N * bw / 2))
+        lat_sum += 2 * lat if p > 1 else 0.0
     return bw_max, lat_sum
 
 
