@@ -32,8 +32,8 @@ lab: $(STAMP)
 # (by PLAB_SESSION_NICE; the browser harness lowers JupyterLab's and Chromium's the same way).
 test: $(STAMP)
 	@mkdir -p test-logs; \
-	PLAB_SESSION_NICE=2 JUPYTER_PATH=$(CURDIR)/tests/jupyter nice -n 5 $(PY) -m pytest tests/browser -q -rs -p no:cacheprovider > test-logs/browser.txt 2>&1 & br=$$!; \
-	PLAB_SESSION_NICE=2 JUPYTER_PATH=$(CURDIR)/tests/jupyter nice -n 5 $(PY) -m pytest --nbval-lax --nbval-sanitize-with tests/sanitize.cfg notebooks -q -p no:cacheprovider > test-logs/notebooks.txt 2>&1 & nb=$$!; \
+	PLAB_SESSION_NICE=2 JUPYTER_PATH=$(CURDIR)/tests/jupyter nice -n 5 $(PY) -u -m pytest tests/browser -q -rs -p no:cacheprovider > test-logs/browser.txt 2>&1 & br=$$!; \
+	PLAB_SESSION_NICE=2 JUPYTER_PATH=$(CURDIR)/tests/jupyter nice -n 5 $(PY) -u -m pytest --nbval-lax --nbval-sanitize-with tests/sanitize.cfg notebooks -q -p no:cacheprovider > test-logs/notebooks.txt 2>&1 & nb=$$!; \
 	$(PY) -m pytest tests -q --ignore=tests/browser; unit=$$?; \
 	wait $$nb; notebooks=$$?; wait $$br; browser=$$?; \
 	echo "== notebooks under nbval (test-logs/notebooks.txt)"; cat test-logs/notebooks.txt; \

@@ -307,6 +307,23 @@ SETTLE_JS = """
 """ % OUTPUT_STATE_JS.strip()
 
 
+# Where Run All stands: code cells, those without an execution count (their index and prompt),
+# whether any is queued or running ([*]), and the kernel's status.
+RUN_ALL_STATE_JS = """() => {
+  const prompts = [...document.querySelectorAll('.jp-CodeCell .jp-InputArea-prompt')]
+                  .map(p => p.textContent.trim());
+  const ind = document.querySelector('.jp-Notebook-ExecutionIndicator');
+  const k = document.querySelector('.jp-KernelName');
+  const status = ind ? ind.getAttribute('data-status') : null;
+  return {cells: prompts.length,
+          unrun: prompts.map((p, i) => [i, p]).filter(([i, p]) => !/\\[\\d+\\]/.test(p))
+                        .map(([i, p]) => `cell ${i} ${JSON.stringify(p)}`),
+          queued: prompts.some(p => p.includes('*')),
+          idle: status === 'idle',
+          kernel: `${k ? k.textContent.trim() : 'no kernel name'}, ${status}`};
+}"""
+
+
 def kernel_status_js() -> str:
     """The kernel's status as the notebook shows it, or "no kernel". Right after a notebook opens
     its indicator already reads "idle" while the toolbar says "No Kernel": the kernel is still
@@ -419,26 +436,33 @@ class Notebook:
         self.page.bring_to_front()
         return self
 
-    def wait_run_all(self, timeout: float = 900) -> float:
+    def wait_run_all(self, timeout: float = 600, stopped_for: float = 3.0) -> float:
         """Wait until every code cell shows an execution count and the kernel is idle; seconds
-        since `start_run_all`. On timeout, says which cells had not run."""
-        try:
-            self.page.wait_for_function(
-                """() => {
-                     const prompts = [...document.querySelectorAll('.jp-CodeCell .jp-InputArea-prompt')];
-                     const ind = document.querySelector('.jp-Notebook-ExecutionIndicator');
-                     return prompts.length > 0 && prompts.every(p => /\\[\\d+\\]/.test(p.textContent))
-                            && ind && ind.getAttribute('data-status') === 'idle';
-                   }""", timeout=timeout * 1000, polling=200)
-        except Exception:
-            prompts = self.page.eval_on_selector_all(
-                ".jp-CodeCell .jp-InputArea-prompt", "els => els.map(e => e.textContent.trim())")
-            status = self.page.evaluate(kernel_status_js())
-            pending = [f"cell {i} {p!r}" for i, p in enumerate(prompts)
-                       if not re.fullmatch(r"\[\d+\]:?", p)]
-            raise AssertionError(f"Run All not finished after {timeout:.0f} s: kernel {status}, "
-                                 f"not run: {pending[:8]} of {len(prompts)} code cells") from None
-        return time.monotonic() - self.run_started
+        since `start_run_all`. Fails at once (after `stopped_for` seconds of the same picture)
+        where Run All stopped early: the kernel idle, no cell queued, some never run (a cell
+        raised, or the kernel died), quoting the tracebacks shown; on timeout, says which cells
+        had not run."""
+        deadline = time.monotonic() + timeout
+        stopped_since = None
+        while True:
+            s = self.page.evaluate(RUN_ALL_STATE_JS)
+            now = time.monotonic()
+            if s["cells"] and not s["unrun"] and s["idle"]:
+                return now - self.run_started
+            if s["cells"] and s["unrun"] and not s["queued"] and s["idle"]:
+                stopped_since = stopped_since or now
+                if now - stopped_since >= stopped_for:
+                    raise AssertionError(
+                        f"Run All stopped: {len(s['unrun'])} of {s['cells']} code cells never "
+                        f"ran (first: {s['unrun'][:4]}); kernel {s['kernel']}; tracebacks shown: "
+                        f"{[e[-600:] for e in self.error_outputs()]}")
+            else:
+                stopped_since = None
+            if now > deadline:
+                raise AssertionError(
+                    f"Run All not finished after {timeout:.0f} s: kernel {s['kernel']}, not run: "
+                    f"{s['unrun'][:8]} of {s['cells']} code cells")
+            self.page.wait_for_timeout(250)
 
     def error_outputs(self) -> list[str]:
         """Tracebacks shown in the notebook (cells that raised)."""
