@@ -274,7 +274,7 @@ def test_close_leaves_no_child_process_and_no_folder():
 
 
 SCRIPT = """
-import os, signal, sys
+import os, signal, sys, time
 # A kernel starts with the default dispositions; a runner under nohup or in the background
 # would hand down SIGHUP / SIGINT ignored, and LiveRanks rightly leaves ignored signals alone.
 for sig in (signal.SIGHUP, signal.SIGTERM, signal.SIGINT):
@@ -293,7 +293,11 @@ if how == "exit":
 if how == "return":
     sys.exit(0)
 print("waiting", flush=True)
-signal.pause()  # SIGTERM / SIGHUP come from the test
+# SIGTERM / SIGHUP come from the test. Not signal.pause(): a signal landing between the print
+# and the pause would leave Python's handler pending while pause() waited for another one
+# (it hung one CI run for 120 s); a sleep returns, and the handler runs at the loop.
+while True:
+    time.sleep(0.05)
 """
 
 
@@ -305,7 +309,12 @@ def run_script(how):
     if how in ("SIGTERM", "SIGHUP"):
         assert proc.stdout.readline() == "waiting\n"
         proc.send_signal(getattr(signal, how))
-    _, err = proc.communicate(timeout=120)
+    try:
+        _, err = proc.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        proc.kill()  # no stray 'kernel' after a failure (the next start removes its folder)
+        proc.communicate()
+        raise
     assert len(pids) == 1, err
     return proc, pids
 
