@@ -232,7 +232,8 @@ def clear_caches() -> None:
 
 @lru_cache(maxsize=None)
 def _tp_shapes(TP: int, d: int, f: int) -> tuple[tuple[int, int], ...]:
-    """(TP_model, TP_ff) splits of TP allowed by the model, TP_ff ascending."""
+    """(TP_model, TP_ff) splits of TP allowed by the model, TP_ff ascending. Both splits
+    divide TP, so `d` and `f` may be given as their gcds with TP: the answer is the same."""
     r = math.isqrt(TP)
     return tuple((TP // x, x) for x in divisors(TP)
                  if r <= x <= 4 * r and d % (TP // x) == 0 and f % x == 0)
@@ -279,8 +280,11 @@ class _Pairs:
 def _tp_rows(g: int, d: int, f: int) -> tuple[list[int], list, np.ndarray]:
     """The TP degrees dividing `g` that the model allows, their shapes, and per degree the
     fewest padded 8×8×8 FLOP blocks of the six matmuls per token, over its shapes."""
-    tps = [x for x in divisors(g) if _tp_shapes(x, d, f)]
-    shapes = [_tp_shapes(x, d, f) for x in tps]
+    # d and f matter to a degree's shapes only through their gcd with it, so keyed by those
+    # gcds one cache entry serves every grid model (their widths share most factors)
+    every = [(x, _tp_shapes(x, math.gcd(d, x), math.gcd(f, x))) for x in divisors(g)]
+    tps = [x for x, sh in every if sh]
+    shapes = [sh for _, sh in every if sh]
     min_area = np.array([min(6 * 1024 * -(-(f // b) // 8) * -(-(d // a) // 8) for a, b in x)
                          for x in shapes], dtype=float)
     return tps, shapes, min_area
