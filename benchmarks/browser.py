@@ -52,8 +52,10 @@ BENCHES = (
           ("last", "first"), 0.2, "link"),
     Bench("05_pipeline_parallelism.ipynb", "widget_pipeline(", r"schedule", "dropdown",
           ("gpipe", "1f1b"), 0.3, "schedule gpipe↔1f1b (p, m at default, wait mode)"),
+    # m is a SelectionSlider (1, 2, 4, 8, 16): one arrow key moves it 4 -> 8 -> 4 with one
+    # change each (a drag to "8" would land on 16 first and time that run instead)
     Bench("05_pipeline_parallelism.ipynb", "widget_pipeline(", r"^m\b|micro", "slider",
-          ("8", "4"), 0.3, "m 4↔8 (p, schedule at default, wait mode)"),
+          ("+1", "-1"), 0.3, "m 4↔8 (one arrow key; p, schedule at default, wait mode)"),
     Bench("06_cost_simulator.ipynb", "widget_simulator(", r"grid point", "slider",
           ("min", "max"), 0.2, "step breakdown: grid point",
           before=((r"step breakdown", "tab", None),)),

@@ -532,9 +532,15 @@ class Notebook:
         return handles.last if (which == "high" and handles.count() > 1) else handles.first
 
     def act(self, ctl, kind: str, to: str | None, handle: str | None = None) -> str:
-        """Do one input on a control, as a reader would. Returns the control's new value text."""
+        """Do one input on a control, as a reader would. Returns the control's new value text.
+        A slider is dragged to `to` ("min", "max" or a readout, then steered there with arrow
+        keys: each key press is one more change) or moved one step with "+1" / "-1" (one arrow
+        key: the way to time a SelectionSlider, whose options the page does not list)."""
         page = self.page
-        if kind == "slider":
+        if kind == "slider" and to in ("+1", "-1"):  # one arrow key: one step, one change
+            ctl.scroll_into_view_if_needed()
+            self._handle(ctl, to, handle).press("ArrowRight" if to == "+1" else "ArrowLeft")
+        elif kind == "slider":
             ctl.scroll_into_view_if_needed()
             handle = self._handle(ctl, to, handle)
             base = ctl.locator(".noUi-base").bounding_box()
@@ -545,7 +551,7 @@ class Notebook:
             elif to == "max":
                 x = base["x"] + base["width"] + 60
             else:
-                x = base["x"] + base["width"] * self._fraction(handle, to)
+                x = base["x"] + base["width"] * self._fraction(ctl, handle, to)
             page.mouse.move(x0, y)
             page.mouse.down()
             page.mouse.move(x, y, steps=1)
@@ -579,14 +585,14 @@ class Notebook:
         if kind == "dropdown" and to not in ("first", "last"):
             select = ctl.locator("select")
             return lambda: select.select_option(label=to)
-        if kind != "slider":
+        if kind != "slider" or to in ("+1", "-1"):
             return lambda: self.act(ctl, kind, to)
         ctl.scroll_into_view_if_needed()
         handle = self._handle(ctl, to, None)
         base, hb = ctl.locator(".noUi-base").bounding_box(), handle.bounding_box()
         x0, y = hb["x"] + hb["width"] / 2, hb["y"] + hb["height"] / 2
         x = {"min": base["x"] - 60, "max": base["x"] + base["width"] + 60}.get(
-            to, base["x"] + base["width"] * self._fraction(handle, to or ""))
+            to, base["x"] + base["width"] * self._fraction(ctl, handle, to or ""))
 
         def send():
             page.mouse.move(x0, y)
@@ -595,11 +601,18 @@ class Notebook:
             page.mouse.up()
         return send
 
-    def _fraction(self, handle, target: str) -> float:
-        lo, hi = (float(handle.get_attribute(a)) for a in ("aria-valuemin", "aria-valuemax"))
+    def _fraction(self, ctl, handle, target: str) -> float:
+        """Where along the track `target` sits. A SelectionSlider's aria values are option
+        indices, not the numbers its readout shows (m's options 1, 2, 4, 8, 16 are indices
+        0-4): there, start in the middle and let `_nudge` steer."""
+        lo, hi, now = (float(handle.get_attribute(a))
+                       for a in ("aria-valuemin", "aria-valuemax", "aria-valuenow"))
+        readout = ctl.locator(".widget-readout")
         try:
+            if float(readout.inner_text().replace(",", "").strip()) != now:
+                return 0.5
             return min(1.0, max(0.0, (float(target) - lo) / (hi - lo)))
-        except ValueError:  # a label (SelectionSlider): start in the middle, then nudge
+        except ValueError:  # a label: start in the middle, then nudge
             return 0.5
 
     def _nudge(self, ctl, handle, target: str, tries: int = 40) -> None:
