@@ -137,6 +137,17 @@ def test_views_draw(monkeypatch):
     figs = [plot_parity(rows), plot_breakdown(rows),
             plot_gantt([[span("compute", 0, 1), span("pp_comm", 1, 2)], [span("dp_comm", 0, 1)]])]
     assert all(isinstance(f, Figure) for f in figs)
+    # the Gantt chart's legend: one entry per kind of span, each in that kind's colour
+    legend = figs[2].axes[0].get_legend()
+    entries = {t.get_text(): h.get_facecolor() for t, h in zip(legend.get_texts(),
+                                                               legend.legend_handles)}
+    assert list(entries) == ["compute", "TP comm", "pipeline p2p", "DP comm", "optimizer"]
+    assert len(set(entries.values())) == 5
+    bars = {tuple(b.get_facecolor()) for b in figs[2].axes[0].patches}
+    assert {tuple(entries[k]) for k in ("compute", "pipeline p2p", "DP comm")} == bars
+    # the breakdown's legend sits beside the bars, not over them
+    box = figs[1].axes[0].get_legend().get_window_extent(figs[1].canvas.get_renderer())
+    assert box.x0 >= figs[1].axes[0].get_window_extent().x1
     plt.close("all")
     from helpers.models import TRANSFORMER
     from helpers.views import parallel3d as views

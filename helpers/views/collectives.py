@@ -23,6 +23,9 @@ DIGIT_CELLS = 16            # a block shows its numbers when a cell is at least 
 GAP = 1.6                   # cells between the before and after blocks
 CMAP = colormaps["viridis"]
 MAX_DIGIT_PT = 8.5          # digits no larger than this
+# ... and no smaller: the notebook shows the figure scaled to its width, so 4.5 pt digits came
+# out about 4 px tall (8 ranks x 16 elements); below this a block shows colours only
+MIN_DIGIT_PT = 6.0
 MIN_CELLS_ACROSS = 14       # a panel is at least this many cells wide (no stretched cells)
 
 
@@ -87,6 +90,7 @@ def _draw(ax, op: str, results: list[dict], x_max: float, digits: int) -> None:
     image = dict(cmap=CMAP, vmin=-0.1 * hi, vmax=1.35 * hi, interpolation="nearest",
                  aspect="auto", origin="upper")
     segments = []
+    colours_only = False
     for block in (before, after):
         x1 = block.x0 + block.width
         ax.imshow(block.grid, extent=(block.x0, x1, 0, world_size), **image)
@@ -99,7 +103,9 @@ def _draw(ax, op: str, results: list[dict], x_max: float, digits: int) -> None:
             row = block.grid[rank]
             if np.isnan(row).all():
                 ax.text(block.x0 + 0.2, y, "—", va="center", color="0.5", fontsize=8)
-            elif not block.chunk and size >= 4.5:   # smaller digits: colours only
+            elif not block.chunk and size < MIN_DIGIT_PT:
+                colours_only = True
+            elif not block.chunk:
                 for i, v in enumerate(row):
                     if not np.isnan(v):
                         ax.text(block.x0 + block.cell * (i + 0.5), y, f"{v:g}", ha="center",
@@ -111,11 +117,16 @@ def _draw(ax, op: str, results: list[dict], x_max: float, digits: int) -> None:
     for block, name in ((before, "before"), (after, "after")):
         ax.text(block.x0 + block.width / 2, world_size + 0.15, name, ha="center",
                 va="bottom", fontsize=9, weight="bold")
+    notes = []
     if after.chunk:
         chunks = round(after.width / (after.cell * after.chunk))
-        ax.text(after.x0 + after.width / 2, -0.15,
-                f"{chunks} chunks of {after.chunk}, rank 0's … rank {chunks - 1}'s "
-                "(colours as in 'before')", ha="center", va="top", fontsize=7, color="0.3")
+        notes.append(f"after: {chunks} chunks of {after.chunk}, rank 0's … rank {chunks - 1}'s "
+                     "(colours as in 'before')")
+    if colours_only:
+        notes.append("cells too small for digits: darker = smaller value")
+    if notes:
+        ax.text((before.width + after.x0 + after.width) / 2, -0.15, "\n".join(notes),
+                ha="center", va="top", fontsize=7, color="0.3")
     ax.annotate("", xy=(after.x0 - 0.2, world_size / 2),
                 xytext=(before.width + 0.2, world_size / 2),
                 arrowprops=dict(arrowstyle="->", lw=1.5))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ipywidgets as widgets
 import matplotlib.pyplot as plt
+from matplotlib.patches import Patch
 
 from helpers.cost.parallel3d import Breakdown, Comparison, Layout, layout_problem, predict
 from helpers.parallel.layouts import run_layout
@@ -12,6 +13,9 @@ from helpers.views.pp import png_output, text_output
 
 _COLOURS = {"compute": "tab:blue", "tp_comm": "tab:orange", "pp_comm": "tab:green",
             "dp_comm": "tab:red", "optimizer": "tab:brown"}
+# the span kinds as the legend names them (the breakdown's words)
+_KIND_LABELS = {"compute": "compute", "tp_comm": "TP comm", "pp_comm": "pipeline p2p",
+                "dp_comm": "DP comm", "optimizer": "optimizer"}
 _PART_COLOURS = ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:brown")
 
 
@@ -51,7 +55,7 @@ def plot_breakdown(comparisons: list[Comparison]):
                 bottom += value
     ax.set_xticks(range(len(comparisons)), [_name(c.layout) for c in comparisons], fontsize=8)
     ax.set(ylabel="ms per step", title="measured (plain) and predicted (hatched), by cause")
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside, not over, bars
     return fig
 
 
@@ -63,12 +67,14 @@ def plot_gantt(timelines, title: str = "one step, rank by rank"):
         for span in spans:
             ax.barh(rank, 1e3 * (span.end_s - span.start_s), left=1e3 * span.start_s, height=0.7,
                     color=_COLOURS[span.kind], edgecolor="none")
-    for kind, colour in _COLOURS.items():
-        ax.barh([], [], color=colour, label=kind)
+    # Patches, not empty bars: an empty barh has no patch to show, and the legend then drew
+    # every entry in the default blue
+    handles = [Patch(facecolor=colour, label=_KIND_LABELS[kind]) for kind, colour in _COLOURS.items()]
     ax.set_yticks(range(len(timelines)), [f"rank {r}" for r in range(len(timelines))])
     ax.invert_yaxis()
     ax.set(xlabel="ms since the step's start", title=title)
-    ax.legend(fontsize=8, ncol=5, loc="upper center", bbox_to_anchor=(0.5, -0.25), frameon=False)
+    ax.legend(handles=handles, fontsize=8, ncol=5, loc="upper center",
+              bbox_to_anchor=(0.5, -0.25), frameon=False)
     return fig
 
 

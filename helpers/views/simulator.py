@@ -529,7 +529,7 @@ class SimulatorApp:
     def _level_row(self, bw=1e11, lat=1e-6, size=8):
         (_, l_bw, u_bw, s_bw), (_, l_lat, u_lat, s_lat), (_, l_size, _, _) = LEVEL_FIELDS
         return (W.FloatText(value=to_form_units(bw, s_bw), description=f"{l_bw} ({u_bw})",
-                            style=_WIDE, layout=W.Layout(width="330px")),
+                            style=_WIDE, layout=W.Layout(width="440px")),  # ~140 px left for the input
                 W.FloatText(value=to_form_units(lat, s_lat), description=f"{l_lat} ({u_lat})",
                             style=_WIDE, layout=W.Layout(width="170px")),
                 W.IntText(value=size or 8, description=l_size, style=_WIDE,
