@@ -39,3 +39,23 @@ def test_decade_labels_are_plain_text_powers_of_ten():
     assert [decade_label(v) for v in (1e-3, 0.1, 1, 10, 100, 1e3, 1e25)] == \
         ["10⁻³", "0.1", "1", "10", "100", "10³", "10²⁵"]
     assert decade_label(3e4) == "30000" and decade_label(0) == ""
+
+
+def test_the_t_label_stays_inside_the_axes_at_both_ends_of_the_slider():
+    """At t = 64 the label went right of the line and was cut at the edge ("t = 6")."""
+    from helpers.views.tp import T_OPTIONS, TPCurveView
+    view = TPCurveView(tp_cost.hardware_choices())
+    name = next(iter(view.choices))
+    for t in (min(T_OPTIONS), max(T_OPTIONS)):
+        view.update(t, 1024, 128, name)
+        _, _, label = view._drawn[(1024, 128, name)]
+        fig = label.figure
+        renderer = fig.canvas.get_renderer()
+        box, axes = label.get_window_extent(renderer), label.axes.get_window_extent(renderer)
+        assert label.get_text().strip() == f"t = {t}"
+        assert axes.x0 <= box.x0 and box.x1 <= axes.x1, (t, box, axes)
+
+
+def test_a_tiny_speedup_is_not_printed_as_zero():
+    from helpers.cost.tp import _times
+    assert _times(3.517) == "3.52" and _times(0.1) == "0.10" and _times(0.00125) == "0.0013"

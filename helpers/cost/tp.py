@@ -177,5 +177,10 @@ def describe(t: int, hidden: int, hardware: TPHardware, tokens: int) -> str:
                    f"it saves (link there: {next(r for r in rows if r.t == best).link}).")
     return (f"t={t}, h={hidden}, b·s={tokens}, link {row.link}: compute "
             f"{format_seconds(row.compute_s)} + communication {format_seconds(row.comm_s)} "
-            f"per layer ({share:.0%} communication); speedup over t=1: {row.speedup:.2f}×.\n"
+            f"per layer ({share:.0%} communication); speedup over t=1: {_times(row.speedup)}×.\n"
             + verdict)
+
+
+def _times(x: float) -> str:
+    """A speedup to two decimals, or to two significant digits below 0.01 (not "0.00")."""
+    return f"{x:.2f}" if x >= 0.01 else f"{x:.2g}"

@@ -480,7 +480,8 @@ class SimulatorApp:
     # -- the form
     def _build_form(self) -> None:
         self.f_preset = W.Dropdown(options=list(PRESETS), value=H100_SXM.name,
-                                   description="start from the preset", style=_WIDE)
+                                   description="start from the preset", style=_WIDE,
+                                   layout=W.Layout(width="380px"))  # the longest name in full
         self.f_name = W.Text(description="name", style=_WIDE)
         self.f_gpu = {f: (W.IntText if kind is int else W.FloatText)()
                       for f, _, _, _, kind in GPU_FIELDS}
@@ -514,7 +515,8 @@ class SimulatorApp:
             W.HTML("<b>scaling laws</b>"),
             _labelled(self.f_tpp, "training tokens per parameter"),
             _labelled(self.f_batch, "batch-size law", width="140px"),
-            _labelled(self.f_depth_coef, "depth law: layers = coef × (h_model·h_ff)^exp, coef"),
+            W.HTML("depth law: layers = coefficient × (h_model·h_ff)<sup>exponent</sup>"),
+            _labelled(self.f_depth_coef, "depth law: coefficient"),
             _labelled(self.f_depth_exp, "depth law: exponent"), self.f_sparse,
             W.HTML("<b>GPU</b>: the fields of the hardware record"),
             *gpu_rows, self.f_dsmem,

@@ -115,7 +115,11 @@ class TPCurveView:
         blit, line, label = self._drawn[key]
         line.set_xdata([t, t])
         label.set_x(t)
-        label.set_text(f" t = {t}")
+        # right of the line, or left of it in the axis' right half (not cut at the edge)
+        lo, hi = label.axes.get_xlim()   # a log axis: its middle is the geometric mean
+        right_half = t * t > lo * hi
+        label.set_horizontalalignment("right" if right_half else "left")
+        label.set_text(f"t = {t} " if right_half else f" t = {t}")
         return blit.png(), describe(t, hidden, self.choices[hardware], tokens)
 
 
