@@ -135,3 +135,15 @@ def test_widget_callback_at_the_controls_extremes(top_k, factor, skew, seed):
     assert sum(load.kept) + sum(load.dropped) == slots
     assert max(load.kept) <= load.e * load.capacity
     assert widget_experts() is not None
+
+
+def test_the_capacity_line_says_it_holds_per_sending_rank():
+    """Drops happen per sending rank (one capacity group each), so a bar under the dashed line
+    can still have drops: the default router shows it, and the legend has to say why."""
+    from helpers.parallel.experts import router_load
+    from helpers.views.experts import plot_token_load
+    load = router_load(MOE, 4)
+    under = [d for k, d in zip(load.kept, load.dropped) if k + d < load.e * load.capacity]
+    assert any(under), "the default router drops tokens from a bar under the line"
+    labels = [t.get_text() for t in plot_token_load(load).axes[0].get_legend().get_texts()]
+    assert f"at most {load.capacity} from each of the {load.e} ranks" in labels[0]

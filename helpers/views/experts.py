@@ -15,7 +15,8 @@ CAPACITY_FACTORS = (0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 2.0, 3.0, 4.0)
 
 def plot_token_load(load: RouterLoad, title: str = "") -> Figure:
     """Token slots per expert: kept (coloured by the rank that holds the expert) and dropped
-    (hatched, above); the dashed line is what an expert can take (e groups × capacity)."""
+    (hatched, above); the dashed line is what an expert can take (e groups × capacity), at
+    most `capacity` from each rank's group, so a bar below it may still show drops."""
     fig = Figure(figsize=(7.5, 3.4), layout="constrained")
     ax = fig.subplots()
     experts = len(load.kept)
@@ -25,7 +26,11 @@ def plot_token_load(load: RouterLoad, title: str = "") -> Figure:
     ax.bar(range(experts), load.dropped, bottom=load.kept, color="white", edgecolor="C3",
            hatch="//", label="dropped")
     limit = load.e * load.capacity
-    ax.axhline(limit, color="0.3", ls="--", lw=1, label=f"capacity {load.e} × {load.capacity}")
+    # The limit holds per sending rank, not in total: a bar under the line can still have
+    # drops (one rank sent that expert more than its share), so the label says so.
+    ax.axhline(limit, color="0.3", ls="--", lw=1,
+               label=f"capacity {load.e} × {load.capacity}: at most {load.capacity} "
+                     f"from each of the {load.e} ranks")
     ax.set_xticks(range(experts), [f"expert {i}\nrank {i // local}" for i in range(experts)],
                   fontsize=8)
     ax.set(ylabel="token slots", ylim=(0, max(limit, max(a + b for a, b in zip(load.kept, load.dropped))) * 1.25))
