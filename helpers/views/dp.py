@@ -55,7 +55,8 @@ def human_bytes(n: float) -> str:
 def zero_memory_text(psi: float, d: int, stage: int,
                      optimizer_bytes: float = MIXED_PRECISION_ADAM_BYTES) -> str:
     """The widget's table: every ZeRO stage's bytes per rank in human units, `stage` marked."""
-    lines = [f"Ψ = {psi:.3g} parameters on d = {d} ranks; bytes per parameter: 2 (bf16 weight) "
+    ranks = f"{d} rank{'s' * (d != 1)}"
+    lines = [f"Ψ = {psi:.3g} parameters on d = {ranks}; bytes per parameter: 2 (bf16 weight) "
              f"+ 2 (bf16 gradient) + K = {optimizer_bytes:g} (optimizer)",
              f"  {'stage':<30}{'weights':>10}{'gradients':>11}{'optimizer':>11}{'total':>10}"]
     for s, name in STAGES.items():

@@ -178,7 +178,8 @@ def widget_memory_planner(measured: list[MeasuredPoint] = ()) -> w.Widget:
                           style=style, layout=layout)
     stage = w.ToggleButtons(options=[(str(s), s) for s in STAGES], value=3,
                             description="ZeRO stage", style=style)
-    checkpointed = w.Checkbox(value=False, description="activation checkpointing per block")
+    checkpointed = w.Checkbox(value=False, description="activation checkpointing per block",
+                              indent=False, layout=w.Layout(width="auto"))  # label in full
     precision = w.Dropdown(options=list(PRECISIONS), value=FP32_RUN, description="dtypes",
                            style=style, layout=layout)
     out = w.Output()

@@ -243,7 +243,7 @@ def pipeline_outputs(schedule: str, p: int, m: int, ranks=None, t_f: float = WID
         return (text_output(f"not a valid pipeline: {error}"),)
     picture = (view or PipelineView(t_f)).png(run)
     return (image_output(picture, run.summary()),
-            text_output(f"{run.summary()}; peak live micro-batches per rank {run.peak_live}"))
+            text_output(f"{run.summary()}\npeak live micro-batches per rank: {run.peak_live}"))
 
 
 def widget_pipeline(ranks=None, t_f: float = WIDGET_T_F) -> W.Widget:
