@@ -89,8 +89,8 @@ WIDGETS = (
     Widget("03_data_parallelism.ipynb", "widget_zero_memory(", (
         Step(r"^Ψ", "slider", "min", image=False, text=r"Ψ = 1e\+06 parameters"),
         Step(r"^Ψ", "slider", "max", image=False, text=r"Ψ = 1e\+12 parameters"),
-        Step(r"^d \(", "slider", "min", image=False, text=r"\bd = {value} ranks"),
-        Step(r"^d \(", "slider", "max", image=False, text=r"\bd = {value} ranks"),
+        Step(r"^d \(", "slider", "min", image=False, text=r"\bd = {value} ranks?\b"),
+        Step(r"^d \(", "slider", "max", image=False, text=r"\bd = {value} ranks?\b"),
         Step(r"stage", "slider", "min", image=False, text=r"^>\s*plain DP"),
         Step(r"stage", "slider", "max", image=False, text=r"^>\s*ZeRO-3"),
         Step(r"^K \(", "slider", "min", image=False, text=r"\bK = {value} \(optimizer\)"),
