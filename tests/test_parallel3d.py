@@ -214,6 +214,7 @@ def test_the_widget_shows_text_and_both_figures_in_one_update(four):
     (mesh_box, m_box, button), out = widget.children[0].children, widget.children[1]
     assert [(v.d, v.t, v.p) for _, v in mesh_box.options] == [(1, 2, 2)]  # the only one priced
     assert m_box.options == (M,)
+    assert button.description == f"run 1·2·2 m={M}"   # what a click will run
     button.click()
     kinds = [o["output_type"] for o in out.outputs]
     assert kinds == ["stream", "display_data", "display_data"], out.outputs

@@ -91,7 +91,7 @@ def widget_parallel3d(live, calibration, config, steps: int = 3):
     """Choose d, t, p (only factorizations of the live world size) and m (only those that
     split the batch and that the calibration can price), run `steps` steps of the layout on the live ranks (built once, kept on
     them), show its median step's measured and predicted breakdown and the Gantt chart of
-    its ranks."""
+    its ranks. The button names the layout it will run."""
     world = live.world_size
 
     def ms_of(mesh) -> list[int]:   # the m that split the batch and the calibration can price
@@ -107,14 +107,23 @@ def widget_parallel3d(live, calibration, config, steps: int = 3):
     button = widgets.Button(description="run", button_style="primary")
     out = widgets.Output()
 
+    def chosen() -> Layout:
+        mesh = mesh_box.value
+        return Layout(mesh.d, mesh.t, mesh.p, m_box.value)
+
+    def name_the_run(*_):
+        # the output below keeps the last result until run is pressed: the button says what
+        # it will run, the output's first line what it shows
+        button.description = f"run {chosen()}"
+
     def valid_m(*_):
         mesh = mesh_box.value
         m_box.options = ms_of(mesh)
         m_box.value = 4 if mesh.p > 1 and 4 in m_box.options else m_box.options[0]
+        name_the_run()
 
     def on_run(_):
-        mesh = mesh_box.value
-        layout = Layout(mesh.d, mesh.t, mesh.p, m_box.value)
+        layout = chosen()
         with out:  # an error shows here, below the last result
             run = run_layout(live, layout, config, steps)
             comparison = Comparison(layout, run.breakdown, predict(layout, config, calibration))
@@ -129,6 +138,7 @@ def widget_parallel3d(live, calibration, config, steps: int = 3):
             out.outputs = (text_output(text),) + pictures
 
     mesh_box.observe(valid_m, "value")
+    m_box.observe(name_the_run, "value")
     valid_m()
     button.on_click(on_run)
     return widgets.VBox([widgets.HBox([mesh_box, m_box, button]), out])
