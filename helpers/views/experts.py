@@ -26,8 +26,6 @@ def plot_token_load(load: RouterLoad, title: str = "") -> Figure:
     ax.bar(range(experts), load.dropped, bottom=load.kept, color="white", edgecolor="C3",
            hatch="//", label="dropped")
     limit = load.e * load.capacity
-    # The limit holds per sending rank, not in total: a bar under the line can still have
-    # drops (one rank sent that expert more than its share), so the label says so.
     ax.axhline(limit, color="0.3", ls="--", lw=1,
                label=f"capacity {load.e} × {load.capacity}: at most {load.capacity} "
                      f"from each of the {load.e} ranks")

@@ -16,7 +16,7 @@ _COLOURS = {"compute": "tab:blue", "tp_comm": "tab:orange", "pp_comm": "tab:gree
 # the span kinds as the legend names them (the breakdown's words)
 _KIND_LABELS = {"compute": "compute", "tp_comm": "TP comm", "pp_comm": "pipeline p2p",
                 "dp_comm": "DP comm", "optimizer": "optimizer"}
-_PART_COLOURS = ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:brown")
+_PART_COLOURS = tuple(_COLOURS.values())  # Breakdown.PARTS: the kinds, in order
 
 
 def _name(layout: Layout) -> str:
@@ -69,7 +69,8 @@ def plot_gantt(timelines, title: str = "one step, rank by rank"):
                     color=_COLOURS[span.kind], edgecolor="none")
     # Patches, not empty bars: an empty barh has no patch to show, and the legend then drew
     # every entry in the default blue
-    handles = [Patch(facecolor=colour, label=_KIND_LABELS[kind]) for kind, colour in _COLOURS.items()]
+    handles = [Patch(facecolor=colour, label=_KIND_LABELS[kind])
+               for kind, colour in _COLOURS.items()]
     ax.set_yticks(range(len(timelines)), [f"rank {r}" for r in range(len(timelines))])
     ax.invert_yaxis()
     ax.set(xlabel="ms since the step's start", title=title)
