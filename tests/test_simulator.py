@@ -195,6 +195,31 @@ def test_exact_ties_follow_the_reference_codes_order(dense):
     assert _fastest_step_with_tp(H100_SXM, p.model, Settings(), q, 128, 256) == q.time.step
 
 
+@pytest.mark.parametrize("gpu, settings", [(H100_SXM, Settings()), (H100_SXM, Settings(sparse=True)),
+                                           (GTX_580, Settings())], ids=["dense", "sparse", "gtx"])
+def test_step_floor_is_below_every_plan_and_not_trivial(gpu, settings):
+    """size_cluster skips the cluster sizes whose floor exceeds the largest step: the floor
+    must never be above a real plan's step (the fast == reference tests would not see a
+    size skipped wrongly where a larger one also works), and it must bind somewhere."""
+    curve = run_curve(gpu, settings)
+    ratios = []
+    for point in curve.feasible:
+        plan = point.plan
+        floor = search.step_floor(gpu, point.model, plan.n_gpus)
+        assert floor <= plan.time.step, f"{point.model.C:.3g}"
+        ratios.append(floor / plan.time.step)
+    assert max(ratios) > 0.5  # compute-bound points: the FLOP is most of the step
+
+
+def test_matmul_caches_are_shared_by_gpus_that_differ_only_in_their_network():
+    search.clear_caches()
+    faster = replace(H100_SXM, network_levels=tuple(
+        replace(lv, bandwidth_Bps=2 * lv.bandwidth_Bps) for lv in H100_SXM.network_levels))
+    slower_matmul = replace(H100_SXM, latency_per_matmul_s=2 * H100_SXM.latency_per_matmul_s)
+    assert search._gpu_key(faster) == search._gpu_key(H100_SXM)
+    assert search._gpu_key(slower_matmul) != search._gpu_key(H100_SXM)
+
+
 # --- validation: one clear error naming the field, before anything is computed ----------
 
 def _never(*_):
@@ -387,8 +412,10 @@ def test_benchmark_prints_its_json_last():
     assert r.returncode == 0, r.stderr
     result = json.loads(r.stdout.strip().splitlines()[-1])
     assert set(result) == {"dense_s", "sparse_s", "dense_points", "sparse_points",
-                           "target_dense_s", "identical_to_reference", "reference_dense_s"}
+                           "target_dense_s", "identical_to_reference", "reference_dense_s",
+                           "months_move_s", "latency_move_s", "bandwidth_move_s"}
     assert result["identical_to_reference"] is None and result["target_dense_s"] == 0.1
     # Dense: the grid points up to 2.71e31 (§8) and the first infeasible one after them.
     assert result["dense_points"] == 1 + sum(1 for m in grid(Settings()) if m.C < 2.72e31)
     assert result["sparse_points"] > 1 and result["dense_s"] > 0 and result["sparse_s"] > 0
+    assert all(result[f"{x}_move_s"] > 0 for x in ("months", "latency", "bandwidth"))

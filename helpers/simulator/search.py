@@ -8,11 +8,15 @@ of the others). What makes it fast:
   once with numpy in the model's order and bounded from below in one pass; all placements
   of one layout are timed at once, with the same IEEE operations in the same order as the
   scalar `reference.step_seconds`;
+* a floor per cluster size, its FLOP and matmul latencies alone (`step_floor`): sizes that
+  cannot finish in time are skipped before any layout is enumerated;
 * bounds, each provably below the exact step: per (TP, DP, PP) triple against the run's
   deadline; per row, the six matmuls at their FLOP or their least HBM traffic (shaved by
-  1e-9) with each communication part at its own best split over the levels; then the
-  exact matmul time. Rows are taken best first and the search stops when the smallest
-  bound left exceeds the best run time found;
+  1e-9) with each communication part at its own best split over the levels; then with
+  TP and DP sharing the innermost level (when TP fills a node, DP's all-reduce leaves
+  it: this cuts the layouts placed on the levels about eightfold); then the exact matmul
+  time. Rows are taken best first and the search stops when the smallest bound left
+  exceeds the best run time found;
 * N-free caches — each communication part is a cluster-wide factor (·/N) times a sum or
   maximum of small integers over each level's bandwidth, so its best split is cached once
   per curve (shaved by 1e-12: computed in another order than `comm`, it may differ from
@@ -46,19 +50,17 @@ from .reference import divisors as _slow_divisors
 from .scaling import Model
 from .settings import Settings
 
-_GPUS: dict[int, tuple] = {}  # `matmul.matmul_constants` of each GPU
+_GPUS: dict[int, tuple] = {}  # `matmul.matmul_constants`, by a small id
 _GPU_IDS: dict[tuple, int] = {}
 
 
 def _gpu_key(gpu: GPU) -> int:
-    """A small hashable stand-in for a GPU (its record holds a dict, so it has no hash)."""
-    key = (gpu.name, gpu.bitwidth, tuple(sorted(gpu.flop_per_clock_per_thread.items())),
-           gpu.register_bytes_per_processing_block, gpu.num_sms, gpu.l2_Bps, gpu.l2_bytes,
-           gpu.hbm_Bps, gpu.hbm_bytes, gpu.max_clock_Hz, gpu.effective_utilization,
-           gpu.distributed_shared_memory, gpu.latency_per_matmul_s, gpu.network_levels)
-    gk = _GPU_IDS.setdefault(key, len(_GPU_IDS))
-    if gk not in _GPUS:
-        _GPUS[gk] = matmul_constants(gpu)
+    """A small id for what the matmul times read of a GPU (`matmul.matmul_constants`): a
+    GPU that differs only in its network (notebook 06's bandwidth slider) shares its
+    matmul caches."""
+    consts = matmul_constants(gpu)
+    gk = _GPU_IDS.setdefault(consts, len(_GPU_IDS))
+    _GPUS.setdefault(gk, consts)
     return gk
 
 
@@ -153,26 +155,63 @@ def _dp_exact(P, split, levels, N, by) -> tuple[float, float]:
 SHAVE = 1 - 1e-12
 
 
+def _inner(caps) -> tuple[int, ...]:
+    """The degrees a type may take on the innermost level: the divisors of its size (1 on a
+    one-level network, which has no inner level)."""
+    return divisors(caps[0]) if caps else (1,)
+
+
+@lru_cache(maxsize=None)
+def _dp_unit_inner(levels, caps, DP) -> tuple[tuple[float, float], ...]:
+    """Per degree c on the innermost level (`_inner(caps)`): min over DP's splits with
+    x_0 = c of max_k (x_k − 1)·Π_{j>k} x_j / bw_k, and of Σ_k 2·lat_k·[x_k > 1] (inf if none)."""
+    inner = _inner(caps)
+    out = [[math.inf, math.inf] for _ in inner]
+    for x in _splits(caps, DP):
+        o = out[inner.index(x[0])] if caps else out[0]
+        o[0] = min(o[0], max((x[k] - 1) * outer(x, k) / lv[0] for k, lv in enumerate(levels)))
+        o[1] = min(o[1], sum(2 * lv[1] for k, lv in enumerate(levels) if x[k] > 1))
+    return tuple(map(tuple, out))
+
+
 @lru_cache(maxsize=None)
 def _dp_unit(levels, caps, DP) -> tuple[float, float]:
-    """min over DP's splits of max_k (x_k − 1)·Π_{j>k} x_j / bw_k, and of Σ_k 2·lat_k·[x_k > 1]."""
-    bw = lat = math.inf
-    for x in _splits(caps, DP):
-        bw = min(bw, max((x[k] - 1) * outer(x, k) / lv[0] for k, lv in enumerate(levels)))
-        lat = min(lat, sum(2 * lv[1] for k, lv in enumerate(levels) if x[k] > 1))
-    return bw, lat
+    """`_dp_unit_inner` at its best innermost degree (each part on its own)."""
+    units = _dp_unit_inner(levels, caps, DP)
+    return min(u[0] for u in units), min(u[1] for u in units)
+
+
+@lru_cache(maxsize=None)
+def _tp_unit_inner(levels, caps, TPm, TPf, f, d) -> tuple[tuple[float, float], ...]:
+    """Per product a = x_0·y_0 of the pair on the innermost level (`_inner(caps)`): min over
+    the pair's splits of max_k ((x_k−1)·Π x_{>k}·f + (y_k−1)·Π y_{>k}·d)/bw_k, and of
+    Σ_k lat_k·([x_k > 1] + [y_k > 1]) (inf if no split has that product)."""
+    inner = _inner(caps)
+    out = [[math.inf, math.inf] for _ in inner]
+    for x, y in _pair_splits(caps, TPm, TPf):
+        o = out[inner.index(x[0] * y[0])] if caps else out[0]
+        o[0] = min(o[0], max(((x[k] - 1) * outer(x, k) * f + (y[k] - 1) * outer(y, k) * d)
+                             / lv[0] for k, lv in enumerate(levels)))
+        o[1] = min(o[1], sum(lv[1] * ((x[k] > 1) + (y[k] > 1)) for k, lv in enumerate(levels)))
+    return tuple(map(tuple, out))
 
 
 @lru_cache(maxsize=None)
 def _tp_unit(levels, caps, TPm, TPf, f, d) -> tuple[float, float]:
-    """min over the pair's splits of max_k ((x_k−1)·Π x_{>k}·f + (y_k−1)·Π y_{>k}·d)/bw_k,
-    and of Σ_k lat_k·([x_k > 1] + [y_k > 1])."""
-    bw = lat = math.inf
-    for x, y in _pair_splits(caps, TPm, TPf):
-        bw = min(bw, max(((x[k] - 1) * outer(x, k) * f + (y[k] - 1) * outer(y, k) * d) / lv[0]
-                         for k, lv in enumerate(levels)))
-        lat = min(lat, sum(lv[1] * ((x[k] > 1) + (y[k] > 1)) for k, lv in enumerate(levels)))
-    return bw, lat
+    """`_tp_unit_inner` at its best innermost product (each part on its own)."""
+    units = _tp_unit_inner(levels, caps, TPm, TPf, f, d)
+    return min(u[0] for u in units), min(u[1] for u in units)
+
+
+@lru_cache(maxsize=None)
+def _inner_pairs(caps) -> tuple[np.ndarray, np.ndarray]:
+    """The (TP pair, DP) degrees on the innermost level that fit it together, as indices
+    into `_inner(caps)`: the five types' degrees there multiply to its size."""
+    inner = _inner(caps)
+    size = caps[0] if caps else 1
+    ia, ic = zip(*[(i, j) for i, a in enumerate(inner) for j, c in enumerate(inner)
+                   if size % (a * c) == 0])
+    return np.array(ia, dtype=np.int64), np.array(ic, dtype=np.int64)
 
 
 @lru_cache(maxsize=None)
@@ -220,11 +259,10 @@ def _ppep_unit(levels, caps, PP, EP, v, L) -> tuple[float, float]:
 def clear_caches() -> None:
     """Forget every cached result (for honest cold-start benchmarks)."""
     for fn in (tile, _matmul, _six_matmuls, divisors, _divisor_array, _microbatches, _splits,
-               _pair_splits, _dp_unit, _tp_unit, _ppep_weights, _ppep_unit,
-               _tp_unit_any, _ppep_unit_any, _tp_units, _ppep_units, _tp_shapes, _schedules,
-               _schedule_kinds, _tp_rows,
-               _ppep_terms, _ep_terms, placement_table, factorization_table,
-               _inner_table, _with_outer):
+               _pair_splits, _dp_unit, _tp_unit, _dp_unit_inner, _tp_unit_inner, _inner_pairs,
+               _ppep_weights, _ppep_unit, _tp_unit_any, _ppep_unit_any, _tp_units, _ppep_units,
+               _tp_shapes, _schedules, _schedule_kinds, _tp_rows, _ppep_terms, _ep_terms,
+               placement_table, factorization_table, _inner_table, _with_outer):
         fn.cache_clear()
     _GPUS.clear()
     _GPU_IDS.clear()
@@ -467,28 +505,43 @@ def _steps(matmul, tp_bw, tp_lat, ppep_bw, ppep_lat, dp_bw, dp_lat, PP, m, v, zb
     return pipe + dp_bw + dp_lat
 
 
-def _floors(model: Model, lay: _Layouts, levels, caps, N, by) -> tuple[np.ndarray, ...]:
+def _floors(model: Model, lay: _Layouts, levels, caps, N, by):
     """Per group: each communication part at its own best split over the levels (six
-    arrays, shaved). No placement does better on any part, so they bound every placement."""
+    arrays, shaved; no placement does better on any part, so they bound every placement),
+    and the TP and DP parts per degree on the innermost level ((groups, degrees, 2) arrays,
+    shaved, for `_joint_bounds`)."""
     d, f, L, B, P = model.d, model.f, model.L, model.B, model.P
     g = math.gcd(f, d)
-    tp = np.array([_tp_unit(levels, caps, a, b, f // g, d // g) for a, b in lay.tp_keys],
-                  dtype=float).reshape(-1, 2)
+    tp = np.array([_tp_unit_inner(levels, caps, a, b, f // g, d // g) for a, b in lay.tp_keys],
+                  dtype=float) * [SHAVE * (8 * L * B * by / N * g), SHAVE * (4 * L)]
     pe = np.array([_ppep_unit(levels, caps, pp, lay.EP, v, L) for pp, v in lay.pe_keys],
                   dtype=float).reshape(-1, 2)
-    dp = np.array([_dp_unit(levels, caps, x) for x in lay.dp_keys], dtype=float).reshape(-1, 2)
-    return (SHAVE * (8 * L * B * by / N * g) * tp[lay.g_tp, 0], SHAVE * (4 * L) * tp[lay.g_tp, 1],
-            SHAVE * (4 * d * B * by / N) * pe[lay.g_pe, 0], SHAVE * pe[lay.g_pe, 1],
-            SHAVE * (4 * P * by / N) * dp[lay.g_dpk, 0], SHAVE * dp[lay.g_dpk, 1])
+    dp = np.array([_dp_unit_inner(levels, caps, x) for x in lay.dp_keys],
+                  dtype=float) * [SHAVE * (4 * P * by / N), SHAVE]
+    tp, dp = tp[lay.g_tp], dp[lay.g_dpk]
+    # k·min(u) = min(k·u) exactly (rounding is monotone): these are the plain floors
+    tp_best, dp_best = tp.min(axis=1), dp.min(axis=1)
+    floors = (tp_best[:, 0], tp_best[:, 1], SHAVE * (4 * d * B * by / N) * pe[lay.g_pe, 0],
+              SHAVE * pe[lay.g_pe, 1], dp_best[:, 0], dp_best[:, 1])
+    return floors, (tp, dp, *_inner_pairs(caps))
 
 
-def _bounds(matmul, floors, lay: _Layouts, flags, rows=slice(None)) -> np.ndarray:
-    """`reference.step_seconds` for the rows at once, from lower bounds of its parts:
-    every operation is monotone, so the result bounds each row's step from below."""
-    group = lay.group[rows]
-    tp_bw, tp_lat, pe_bw, pe_lat, dp_bw, dp_lat = (x[group] for x in floors)
+def _joint_parts(floors, joint, gi: int) -> list[tuple[float, ...]]:
+    """The six parts of `_joint_bounds` for group `gi`, one tuple per pair of innermost
+    degrees that fit together (those no split reaches left out), as Python floats."""
+    tp, dp, ia, ic = joint
+    pe_bw, pe_lat = float(floors[2][gi]), float(floors[3][gi])
+    return [(tb, tl, pe_bw, pe_lat, db, dl)
+            for (tb, tl), (db, dl) in zip(tp[gi, ia].tolist(), dp[gi, ic].tolist())
+            if tb < math.inf and db < math.inf]
+
+
+def _step_formula(matmul, tp_bw, tp_lat, pe_bw, pe_lat, dp_bw, dp_lat, PP, m, v, zb,
+                  flags) -> np.ndarray:
+    """`reference.step_seconds` elementwise over arrays, the same operations in the same
+    order: from lower bounds of the parts, a lower bound of the step (every operation is
+    monotone)."""
     overlap_tp, overlap_pp, overlap_dp = flags
-    PP, v, m, zb = lay.pp[rows], lay.v[rows], lay.m[rows], lay.zb[rows]
     z = (v - 1) * np.maximum(0, PP - m)
     bubble = np.where(zb, 0.0, (z + PP - 1) / (z + PP - 1 + v * m))
     hidden = (tp_bw if overlap_tp else 0.0) + (pe_bw if overlap_pp else 0.0)
@@ -498,6 +551,31 @@ def _bounds(matmul, floors, lay: _Layouts, flags, rows=slice(None)) -> np.ndarra
     if overlap_dp:
         return np.maximum(pipe, dp_bw) + dp_lat
     return pipe + dp_bw + dp_lat
+
+
+def _bounds(matmul, floors, lay: _Layouts, flags, rows=slice(None)) -> np.ndarray:
+    """A lower bound on the step of each row, each part at its own best split."""
+    group = lay.group[rows]
+    return _step_formula(matmul, *(x[group] for x in floors), lay.pp[rows], lay.m[rows],
+                         lay.v[rows], lay.zb[rows], flags)
+
+
+def _joint_bounds(matmul, floors, joint, lay: _Layouts, flags, rows) -> np.ndarray:
+    """A tighter lower bound on the step of each row: TP and DP share the innermost level
+    (their degrees there multiply to at most its size), so the bound is the least over
+    the pairs of innermost degrees that fit together of each part at its best split with
+    that degree there. When TP fills a node, DP's all-reduce must leave it."""
+    tp, dp, ia, ic = joint
+    group = lay.group[rows]
+    t, u = tp[group], dp[group]
+
+    def col(x):
+        return x[:, None]
+
+    return _step_formula(col(matmul), t[:, ia, 0], t[:, ia, 1], col(floors[2][group]),
+                         col(floors[3][group]), u[:, ic, 0], u[:, ic, 1], col(lay.pp[rows]),
+                         col(lay.m[rows]), col(lay.v[rows]), col(lay.zb[rows]),
+                         flags).min(axis=1)
 
 
 @lru_cache(maxsize=None)
@@ -616,17 +694,20 @@ def best_plan(gpu: GPU, model: Model, settings: Settings, N: int,
 
     # Bound 1, for every row at once: the six matmuls at their FLOP at the sustained rate
     # plus their fixed latency (shaved by 1e-9 so float rounding can never lift it above
-    # the exact time), with each communication part at its own best split.
-    floors = _floors(model, lay, levels, caps, N, by)
+    # the exact time), with each communication part at its own best split; then, for the
+    # rows it leaves, with TP and DP sharing the innermost level (`_joint_bounds`).
+    floors, joint = _floors(model, lay, levels, caps, N, by)
     # A matmul takes at least its FLOP time and at least its HBM traffic time, so the six
     # take at least the larger of the two sums.
     l2_cap = _GPUS[gk][2]
     io_words = lay.act_words + np.where(lay.weight_words / 4 * by > l2_cap,
                                         lay.weight_words, 0.0)
     io_s = (1 - 1e-9) * by / gpu.hbm_Bps
-    low = _bounds(lay.per_stage_m * (np.maximum(lay.flop_blocks * flop_s, io_words * io_s)
-                                     + lat6), floors, lay, flags)
+    matmul1 = lay.per_stage_m * (np.maximum(lay.flop_blocks * flop_s, io_words * io_s) + lat6)
+    low = _bounds(matmul1, floors, lay, flags)
     alive = np.flatnonzero(low <= max_step)
+    low[alive] = _joint_bounds(matmul1[alive], floors, joint, lay, flags, alive)
+    alive = alive[low[alive] <= max_step]
     if not len(alive):
         return None
     # The bandwidth time over the run that any placement of a group needs at least: on an
@@ -638,7 +719,6 @@ def best_plan(gpu: GPU, model: Model, settings: Settings, N: int,
     # Two sources are merged: the rows at bound 1 in ascending order, and a heap of rows
     # at bound 2.
     order = alive[np.argsort(low[alive], kind="stable")]
-    floors2d = np.stack(floors, axis=1)
     n1, p1, CHUNK = len(order), 0, 64
     base = -CHUNK  # the sorted rows as Python values, a chunk at a time from `base`
     floor_rows: dict = {}
@@ -678,10 +758,11 @@ def best_plan(gpu: GPU, model: Model, settings: Settings, N: int,
         if matmul is None:
             matmul = (L // PP) * (s // EP) * m * _six_matmuls(gk, f // TPf, d // TPm,
                                                               B // (DP * m * s))
-            fl = floor_rows.get(gi)
-            if fl is None:
-                fl = floor_rows[gi] = floors2d[gi].tolist()
-            low2, _ = step_seconds(matmul, *fl, PP, m, v, zb, *flags)
+            parts = floor_rows.get(gi)
+            if parts is None:
+                parts = floor_rows[gi] = _joint_parts(floors, joint, gi)
+            low2 = min((step_seconds(matmul, *x, PP, m, v, zb, *flags)[0] for x in parts),
+                       default=math.inf)
             heapq.heappush(queue, (low2, idx, gi, m, matmul))
             continue
         if gi not in groups:
@@ -714,6 +795,18 @@ def best_plan(gpu: GPU, model: Model, settings: Settings, N: int,
     return Plan(N, DP, TPm, TPf, PP, EP, m, v, zb, tuple(zip(*place)), t)
 
 
+def step_floor(gpu: GPU, model: Model, N: int) -> float:
+    """A lower bound on the step of every layout of `model` on `N` GPUs, from its matmuls
+    alone: the FLOP of one step spread over the N GPUs at the sustained rate (2·f'·d'·b per
+    matmul, six per layer and micro-batch; padding only adds), plus six matmul latencies
+    for each of the ≥ L layer-micro-batches of a GPU (m ≥ PP micro-batches on L/PP layers).
+    With one expert the micro-batches cover all B tokens; with s experts B/(s·DP) is rounded
+    down, losing fewer than s·DP ≤ N of them. Shaved by 1e-9, as bound 1 is."""
+    tokens = model.B if model.s == 1 else max(0, model.B - N)
+    flop = 12 * model.L * model.f * model.d * tokens / (N * gpu.sustained_flops)
+    return (1 - 1e-9) * (flop + 6 * model.L * gpu.latency_per_matmul_s)
+
+
 def size_cluster(gpu: GPU, model: Model, settings: Settings) -> Plan | None:
     """Smallest `N = s·2^i` that finishes within the duration; None past the latency wall."""
     T = settings.duration_s
@@ -727,7 +820,7 @@ def size_cluster(gpu: GPU, model: Model, settings: Settings) -> Plan | None:
         max_step = math.nextafter(max_step, math.inf)
     for i in range(60):
         N = model.s * 2**i
-        if N < need:
+        if N < need or step_floor(gpu, model, N) > max_step:
             continue
         plan = best_plan(gpu, model, settings, N, max_step)
         if plan is not None and steps * plan.time.step < T:
