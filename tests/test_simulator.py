@@ -211,6 +211,22 @@ def test_step_floor_is_below_every_plan_and_not_trivial(gpu, settings):
     assert max(ratios) > 0.5  # compute-bound points: the FLOP is most of the step
 
 
+def test_latency_wall_is_below_every_plan_that_could_use_it_and_ends_the_dense_curve(dense):
+    """size_cluster stops at the first failed size from which on this bound holds for every
+    larger one: it must be below each plan found on such sizes, and it must be what ends the
+    dense curve (the wall above the largest step of its infeasible last point)."""
+    levels = search._plain_levels(H100_SXM.network_levels)
+    caps = tuple(lv.size for lv in H100_SXM.network_levels[:-1])
+    walls = []
+    for point in dense.points:
+        m = point.model
+        wall = search._latency_wall(H100_SXM, m, Settings(), levels, caps)
+        if point.plan is not None:
+            assert wall <= point.plan.time.step, f"{m.C:.3g}"
+        walls.append(wall * m.D / m.B / Settings().duration_s)  # in run times over T
+    assert walls[-1] > 1 > walls[-2]
+
+
 def test_matmul_caches_are_shared_by_gpus_that_differ_only_in_their_network():
     search.clear_caches()
     faster = replace(H100_SXM, network_levels=tuple(

@@ -162,45 +162,62 @@ def _inner(caps) -> tuple[int, ...]:
 
 
 @lru_cache(maxsize=None)
-def _dp_unit_inner(levels, caps, DP) -> tuple[tuple[float, float], ...]:
+def _split_terms(caps, degrees: tuple[int, ...]):
+    """The splits of one type (one degree) or of a pair sharing the inner levels, as
+    integer arrays (split, type, level): (x_k − 1)·Π_{j>k} x_j, and whether x_k > 1;
+    and each split's position in `_inner(caps)` by its degrees' product on level 0."""
+    sp = (tuple((x,) for x in _splits(caps, degrees[0])) if len(degrees) == 1
+          else _pair_splits(caps, *degrees))
+    x = np.array(sp, dtype=np.int64).reshape(len(sp), len(degrees), len(caps) + 1)
+    outer_ = np.ones_like(x)
+    outer_[:, :, :-1] = np.cumprod(x[:, :, :0:-1], axis=2)[:, :, ::-1]
+    inner = _inner(caps)
+    at = (np.searchsorted(np.array(inner), x[:, :, 0].prod(axis=1)) if caps
+          else np.zeros(len(sp), dtype=np.int64))
+    return (x - 1) * outer_, (x > 1).astype(np.int64), at
+
+
+def _least_per_inner(caps, at, bw, lat) -> np.ndarray:
+    """(len(_inner(caps)), 2): the least `bw` and `lat` of the splits at each innermost
+    degree (inf where none), read-only (it is cached)."""
+    out = np.full((len(_inner(caps)), 2), math.inf)
+    np.minimum.at(out[:, 0], at, bw)
+    np.minimum.at(out[:, 1], at, lat)
+    out.flags.writeable = False
+    return out
+
+
+@lru_cache(maxsize=None)
+def _dp_unit_inner(levels, caps, DP) -> np.ndarray:
     """Per degree c on the innermost level (`_inner(caps)`): min over DP's splits with
     x_0 = c of max_k (x_k − 1)·Π_{j>k} x_j / bw_k, and of Σ_k 2·lat_k·[x_k > 1] (inf if none)."""
-    inner = _inner(caps)
-    out = [[math.inf, math.inf] for _ in inner]
-    for x in _splits(caps, DP):
-        o = out[inner.index(x[0])] if caps else out[0]
-        o[0] = min(o[0], max((x[k] - 1) * outer(x, k) / lv[0] for k, lv in enumerate(levels)))
-        o[1] = min(o[1], sum(2 * lv[1] for k, lv in enumerate(levels) if x[k] > 1))
-    return tuple(map(tuple, out))
+    w, crosses, at = _split_terms(caps, (DP,))
+    bws, lats = np.array(levels).T
+    return _least_per_inner(caps, at, (w[:, 0] / bws).max(axis=1),
+                            (crosses[:, 0] * (2 * lats)).sum(axis=1))
 
 
 @lru_cache(maxsize=None)
 def _dp_unit(levels, caps, DP) -> tuple[float, float]:
     """`_dp_unit_inner` at its best innermost degree (each part on its own)."""
-    units = _dp_unit_inner(levels, caps, DP)
-    return min(u[0] for u in units), min(u[1] for u in units)
+    return tuple(_dp_unit_inner(levels, caps, DP).min(axis=0).tolist())
 
 
 @lru_cache(maxsize=None)
-def _tp_unit_inner(levels, caps, TPm, TPf, f, d) -> tuple[tuple[float, float], ...]:
+def _tp_unit_inner(levels, caps, TPm, TPf, f, d) -> np.ndarray:
     """Per product a = x_0·y_0 of the pair on the innermost level (`_inner(caps)`): min over
     the pair's splits of max_k ((x_k−1)·Π x_{>k}·f + (y_k−1)·Π y_{>k}·d)/bw_k, and of
     Σ_k lat_k·([x_k > 1] + [y_k > 1]) (inf if no split has that product)."""
-    inner = _inner(caps)
-    out = [[math.inf, math.inf] for _ in inner]
-    for x, y in _pair_splits(caps, TPm, TPf):
-        o = out[inner.index(x[0] * y[0])] if caps else out[0]
-        o[0] = min(o[0], max(((x[k] - 1) * outer(x, k) * f + (y[k] - 1) * outer(y, k) * d)
-                             / lv[0] for k, lv in enumerate(levels)))
-        o[1] = min(o[1], sum(lv[1] * ((x[k] > 1) + (y[k] > 1)) for k, lv in enumerate(levels)))
-    return tuple(map(tuple, out))
+    w, crosses, at = _split_terms(caps, (TPm, TPf))
+    bws, lats = np.array(levels).T
+    return _least_per_inner(caps, at, ((w[:, 0] * f + w[:, 1] * d) / bws).max(axis=1),
+                            ((crosses[:, 0] + crosses[:, 1]) * lats).sum(axis=1))
 
 
 @lru_cache(maxsize=None)
 def _tp_unit(levels, caps, TPm, TPf, f, d) -> tuple[float, float]:
     """`_tp_unit_inner` at its best innermost product (each part on its own)."""
-    units = _tp_unit_inner(levels, caps, TPm, TPf, f, d)
-    return min(u[0] for u in units), min(u[1] for u in units)
+    return tuple(_tp_unit_inner(levels, caps, TPm, TPf, f, d).min(axis=0).tolist())
 
 
 @lru_cache(maxsize=None)
@@ -260,6 +277,7 @@ def clear_caches() -> None:
     """Forget every cached result (for honest cold-start benchmarks)."""
     for fn in (tile, _matmul, _six_matmuls, divisors, _divisor_array, _microbatches, _splits,
                _pair_splits, _dp_unit, _tp_unit, _dp_unit_inner, _tp_unit_inner, _inner_pairs,
+               _split_terms,
                _ppep_weights, _ppep_unit, _tp_unit_any, _ppep_unit_any, _tp_units, _ppep_units,
                _tp_shapes, _schedules, _schedule_kinds, _tp_rows, _ppep_terms, _ep_terms,
                placement_table, factorization_table, _inner_table, _with_outer):
@@ -807,6 +825,29 @@ def step_floor(gpu: GPU, model: Model, N: int) -> float:
     return (1 - 1e-9) * (flop + 6 * model.L * gpu.latency_per_matmul_s)
 
 
+def _latency_wall(gpu: GPU, model: Model, settings: Settings, levels, caps) -> float:
+    """A lower bound on the step of every layout on every N = s·2^i from one on where TP
+    and PP can grow no further (2^i a multiple of the powers of two in d·f and in L) and
+    the inner levels are full (`caps`): whatever N, each GPU pays the matmul latencies of
+    ≥ L layer-micro-batches (≥ 2L under zero-bubble) and, outside zero-bubble, TP's and
+    PP's latencies at their best split; and TP·PP·EP GPUs must hold the weights (memory:
+    N·HBM ≥ P·bytes·DP), which rules out the small degrees whose latencies are small."""
+    L, d, f, EP = model.L, model.d, model.f, model.s
+    tp_g, pp_g = (d * f) & -(d * f), L & -L
+    schedules = tuple(settings.schedules)
+    tps = np.array(_tp_rows(tp_g, d, f)[0], dtype=float)
+    pps = divisors(pp_g)[::-1]
+    tp_lat = SHAVE * (4 * L) * _tp_units(levels, caps, tp_g, d, f)[:, 1]
+    pe_lat = SHAVE * _ppep_units(levels, caps, pp_g, EP, L, schedules)[:, 1]
+    has_zb, has_other = _schedule_kinds(schedules, pps, L)
+    lat6 = (1 - 1e-9) * 6 * gpu.latency_per_matmul_s
+    holds = (tps[:, None] * np.array(pps, dtype=float) * (EP * gpu.hbm_bytes * (1 + 1e-9))
+             >= model.P * gpu.bytes_per_word)
+    step = np.minimum(np.where(has_other, L * lat6 + (tp_lat[:, None] + pe_lat), math.inf),
+                      np.where(has_zb, 2 * L * lat6, math.inf))
+    return float(step[holds].min()) if holds.any() else math.inf
+
+
 def size_cluster(gpu: GPU, model: Model, settings: Settings) -> Plan | None:
     """Smallest `N = s·2^i` that finishes within the duration; None past the latency wall."""
     T = settings.duration_s
@@ -818,6 +859,8 @@ def size_cluster(gpu: GPU, model: Model, settings: Settings) -> Plan | None:
         max_step = math.nextafter(max_step, 0.0)
     while steps * math.nextafter(max_step, math.inf) < T:
         max_step = math.nextafter(max_step, math.inf)
+    df, L = model.d * model.f, model.L
+    full = math.prod(lv.size for lv in gpu.network_levels[:-1])
     for i in range(60):
         N = model.s * 2**i
         if N < need or step_floor(gpu, model, N) > max_step:
@@ -825,4 +868,12 @@ def size_cluster(gpu: GPU, model: Model, settings: Settings) -> Plan | None:
         plan = best_plan(gpu, model, settings, N, max_step)
         if plan is not None and steps * plan.time.step < T:
             return plan
+        # Past the latency wall no larger cluster helps either: once TP and PP have all
+        # the degrees they can take and the inner levels are full, one bound holds for
+        # every larger N (cheap: its caches are warm from this size's search).
+        if (2**i % (df & -df) == 0 and 2**i % (L & -L) == 0 and N >= full
+                and _latency_wall(gpu, model, settings, _plain_levels(gpu.network_levels),
+                                  tuple(lv.size for lv in gpu.network_levels[:-1]))
+                > max_step):
+            return None
     return None
