@@ -162,19 +162,26 @@ def _inner(caps) -> tuple[int, ...]:
 
 
 @lru_cache(maxsize=None)
-def _split_terms(caps, degrees: tuple[int, ...]):
-    """The splits of one type (one degree) or of a pair sharing the inner levels, as
-    integer arrays (split, type, level): (x_k − 1)·Π_{j>k} x_j, and whether x_k > 1;
-    and each split's position in `_inner(caps)` by its degrees' product on level 0."""
-    sp = (tuple((x,) for x in _splits(caps, degrees[0])) if len(degrees) == 1
-          else _pair_splits(caps, *degrees))
-    x = np.array(sp, dtype=np.int64).reshape(len(sp), len(degrees), len(caps) + 1)
+def _type_terms(caps, degree: int):
+    """One type's splits (`_splits`) as integer arrays over (split, level): (x_k − 1)·Π_{j>k}
+    x_j, whether x_k > 1, and the degrees on the inner levels."""
+    x = np.array(_splits(caps, degree), dtype=np.int64).reshape(-1, len(caps) + 1)
     outer_ = np.ones_like(x)
-    outer_[:, :, :-1] = np.cumprod(x[:, :, :0:-1], axis=2)[:, :, ::-1]
-    inner = _inner(caps)
-    at = (np.searchsorted(np.array(inner), x[:, :, 0].prod(axis=1)) if caps
-          else np.zeros(len(sp), dtype=np.int64))
-    return (x - 1) * outer_, (x > 1).astype(np.int64), at
+    outer_[:, :-1] = np.cumprod(x[:, :0:-1], axis=1)[:, ::-1]
+    return (x - 1) * outer_, (x > 1).astype(np.int64), x[:, :-1]
+
+
+@lru_cache(maxsize=None)
+def _pair_terms(caps, a: int, b: int):
+    """`_type_terms` of the pairs of splits of two types that fit the inner levels together
+    (`_pair_splits`), and each pair's position in `_inner(caps)` by its product on level 0."""
+    wa, ca, xa = _type_terms(caps, a)
+    wb, cb, xb = _type_terms(caps, b)
+    both = xa[:, None, :] * xb[None, :, :]
+    i, j = np.nonzero((np.array(caps, dtype=np.int64) % both == 0).all(axis=2))
+    at = (np.searchsorted(np.array(_inner(caps)), both[i, j, 0]) if caps
+          else np.zeros(len(i), dtype=np.int64))
+    return wa[i], wb[j], ca[i] + cb[j], at
 
 
 def _least_per_inner(caps, at, bw, lat) -> np.ndarray:
@@ -191,10 +198,11 @@ def _least_per_inner(caps, at, bw, lat) -> np.ndarray:
 def _dp_unit_inner(levels, caps, DP) -> np.ndarray:
     """Per degree c on the innermost level (`_inner(caps)`): min over DP's splits with
     x_0 = c of max_k (x_k − 1)·Π_{j>k} x_j / bw_k, and of Σ_k 2·lat_k·[x_k > 1] (inf if none)."""
-    w, crosses, at = _split_terms(caps, (DP,))
+    w, crosses, x = _type_terms(caps, DP)
+    at = (np.searchsorted(np.array(_inner(caps)), x[:, 0]) if caps
+          else np.zeros(len(w), dtype=np.int64))
     bws, lats = np.array(levels).T
-    return _least_per_inner(caps, at, (w[:, 0] / bws).max(axis=1),
-                            (crosses[:, 0] * (2 * lats)).sum(axis=1))
+    return _least_per_inner(caps, at, (w / bws).max(axis=1), (crosses * (2 * lats)).sum(axis=1))
 
 
 @lru_cache(maxsize=None)
@@ -208,10 +216,10 @@ def _tp_unit_inner(levels, caps, TPm, TPf, f, d) -> np.ndarray:
     """Per product a = x_0·y_0 of the pair on the innermost level (`_inner(caps)`): min over
     the pair's splits of max_k ((x_k−1)·Π x_{>k}·f + (y_k−1)·Π y_{>k}·d)/bw_k, and of
     Σ_k lat_k·([x_k > 1] + [y_k > 1]) (inf if no split has that product)."""
-    w, crosses, at = _split_terms(caps, (TPm, TPf))
+    wm, wf, crosses, at = _pair_terms(caps, TPm, TPf)
     bws, lats = np.array(levels).T
-    return _least_per_inner(caps, at, ((w[:, 0] * f + w[:, 1] * d) / bws).max(axis=1),
-                            ((crosses[:, 0] + crosses[:, 1]) * lats).sum(axis=1))
+    return _least_per_inner(caps, at, ((wm * f + wf * d) / bws).max(axis=1),
+                            (crosses * lats).sum(axis=1))
 
 
 @lru_cache(maxsize=None)
@@ -277,7 +285,7 @@ def clear_caches() -> None:
     """Forget every cached result (for honest cold-start benchmarks)."""
     for fn in (tile, _matmul, _six_matmuls, divisors, _divisor_array, _microbatches, _splits,
                _pair_splits, _dp_unit, _tp_unit, _dp_unit_inner, _tp_unit_inner, _inner_pairs,
-               _split_terms,
+               _type_terms, _pair_terms,
                _ppep_weights, _ppep_unit, _tp_unit_any, _ppep_unit_any, _tp_units, _ppep_units,
                _tp_shapes, _schedules, _schedule_kinds, _tp_rows, _ppep_terms, _ep_terms,
                placement_table, factorization_table, _inner_table, _with_outer):
