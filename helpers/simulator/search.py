@@ -9,7 +9,8 @@ of the others). What makes it fast:
   of one layout are timed at once, with the same IEEE operations in the same order as the
   scalar `reference.step_seconds`;
 * a floor per cluster size, its FLOP and matmul latencies alone (`step_floor`): sizes that
-  cannot finish in time are skipped before any layout is enumerated;
+  cannot finish in time are skipped before any layout is enumerated; and past the latency
+  wall, one bound that holds for every larger size (`_latency_wall`) ends the search;
 * bounds, each provably below the exact step: per (TP, DP, PP) triple against the run's
   deadline; per row, the six matmuls at their FLOP or their least HBM traffic (shaved by
   1e-9) with each communication part at its own best split over the levels; then with
