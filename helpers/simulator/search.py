@@ -207,12 +207,6 @@ def _dp_unit_inner(levels, caps, DP) -> np.ndarray:
 
 
 @lru_cache(maxsize=None)
-def _dp_unit(levels, caps, DP) -> tuple[float, float]:
-    """`_dp_unit_inner` at its best innermost degree (each part on its own)."""
-    return tuple(_dp_unit_inner(levels, caps, DP).min(axis=0).tolist())
-
-
-@lru_cache(maxsize=None)
 def _tp_unit_inner(levels, caps, TPm, TPf, f, d) -> np.ndarray:
     """Per product a = x_0·y_0 of the pair on the innermost level (`_inner(caps)`): min over
     the pair's splits of max_k ((x_k−1)·Π x_{>k}·f + (y_k−1)·Π y_{>k}·d)/bw_k, and of
@@ -221,12 +215,6 @@ def _tp_unit_inner(levels, caps, TPm, TPf, f, d) -> np.ndarray:
     bws, lats = np.array(levels).T
     return _least_per_inner(caps, at, ((wm * f + wf * d) / bws).max(axis=1),
                             (crosses * lats).sum(axis=1))
-
-
-@lru_cache(maxsize=None)
-def _tp_unit(levels, caps, TPm, TPf, f, d) -> tuple[float, float]:
-    """`_tp_unit_inner` at its best innermost product (each part on its own)."""
-    return tuple(_tp_unit_inner(levels, caps, TPm, TPf, f, d).min(axis=0).tolist())
 
 
 @lru_cache(maxsize=None)
@@ -285,9 +273,8 @@ def _ppep_unit(levels, caps, PP, EP, v, L) -> tuple[float, float]:
 def clear_caches() -> None:
     """Forget every cached result (for honest cold-start benchmarks)."""
     for fn in (tile, _matmul, _six_matmuls, divisors, _divisor_array, _microbatches, _splits,
-               _pair_splits, _dp_unit, _tp_unit, _dp_unit_inner, _tp_unit_inner, _inner_pairs,
-               _type_terms, _pair_terms,
-               _ppep_weights, _ppep_unit, _tp_unit_any, _ppep_unit_any, _tp_units, _ppep_units,
+               _pair_splits, _dp_unit_inner, _tp_unit_inner, _inner_pairs,
+               _type_terms, _pair_terms, _ppep_weights, _ppep_unit, _tp_unit_any, _ppep_unit_any, _tp_units, _ppep_units,
                _tp_shapes, _schedules, _schedule_kinds, _tp_rows, _ppep_terms, _ep_terms,
                placement_table, factorization_table, _inner_table, _with_outer):
         fn.cache_clear()
@@ -606,10 +593,10 @@ def _joint_bounds(matmul, floors, joint, lay: _Layouts, flags, rows) -> np.ndarr
 
 
 @lru_cache(maxsize=None)
-def _tp_unit_any(levels, caps, shapes, f, d) -> tuple[float, float]:
-    """`_tp_unit` at the best of the TP shapes (each part on its own)."""
-    units = [_tp_unit(levels, caps, a, b, f, d) for a, b in shapes]
-    return min(u[0] for u in units), min(u[1] for u in units)
+def _tp_unit_any(levels, caps, shapes, f, d) -> np.ndarray:
+    """`_tp_unit_inner` at the best of the TP shapes (each part and innermost product on
+    its own)."""
+    return np.minimum.reduce([_tp_unit_inner(levels, caps, a, b, f, d) for a, b in shapes])
 
 
 @lru_cache(maxsize=None)
@@ -621,11 +608,12 @@ def _ppep_unit_any(levels, caps, PP, EP, L, schedules) -> tuple[float, float]:
 
 @lru_cache(maxsize=None)
 def _tp_units(levels, caps, tp_g: int, d: int, f: int) -> np.ndarray:
-    """`_tp_unit_any` of each TP degree of `_tp_rows(tp_g, d, f)`, as one array (one cache
-    lookup per call instead of one per degree)."""
+    """`_tp_unit_any` of each TP degree of `_tp_rows(tp_g, d, f)`, as one (degrees, innermost
+    products, 2) array (one cache lookup per call instead of one per degree)."""
     g = math.gcd(f, d)
     out = np.array([_tp_unit_any(levels, caps, x, f // g, d // g)
-                    for x in _tp_rows(tp_g, d, f)[1]], dtype=float).reshape(-1, 2)
+                    for x in _tp_rows(tp_g, d, f)[1]], dtype=float)
+    out = out.reshape(-1, len(_inner(caps)), 2)
     out.flags.writeable = False
     return out
 
@@ -649,25 +637,28 @@ def _schedule_kinds(schedules, pps: tuple[int, ...], L: int) -> tuple[np.ndarray
 
 def _pair_bounds(model: Model, pairs: _Pairs, levels, caps, N, by, schedules, flags,
                  flop_s, lat6) -> np.ndarray:
-    """A lower bound on the step of every row of each (TP, DP, PP) triple."""
+    """A lower bound on the step of every row of each (TP, DP, PP) triple, with TP and DP
+    sharing the innermost level as in `_joint_bounds`."""
     d, f, L, s, B, P = model.d, model.f, model.L, model.s, model.B, model.P
     g = math.gcd(f, d)
+    ia, ic = _inner_pairs(caps)
     tp = _tp_units(levels, caps, pairs.tp_g, d, f)
     pe = _ppep_units(levels, caps, pairs.pp_g, pairs.EP, L, schedules)
-    dp = np.array([_dp_unit(levels, caps, x) for x in pairs.dp_keys]).reshape(-1, 2)
-    dp = dp[pairs.dp_index]
+    dp = np.array([_dp_unit_inner(levels, caps, x) for x in pairs.dp_keys])[pairs.dp_index]
     ti, pj = pairs.ti, pairs.pj
-    tp_bw = SHAVE * (8 * L * B * by / N * g) * tp[ti, 0]
-    tp_lat = SHAVE * (4 * L) * tp[ti, 1]
-    pe_bw = SHAVE * (4 * d * B * by / N) * pe[pj, 0]
-    pe_lat = SHAVE * pe[pj, 1]
-    dp_bw = SHAVE * (4 * P * by / N) * dp[:, 0]
-    dp_lat = SHAVE * dp[:, 1]
+    tp = tp[ti][:, ia]  # (triples, innermost pairs that fit, 2)
+    dp = dp[:, ic]
+    tp_bw = SHAVE * (8 * L * B * by / N * g) * tp[:, :, 0]
+    tp_lat = SHAVE * (4 * L) * tp[:, :, 1]
+    pe_bw = (SHAVE * (4 * d * B * by / N) * pe[pj, 0])[:, None]
+    pe_lat = (SHAVE * pe[pj, 1])[:, None]
+    dp_bw = SHAVE * (4 * P * by / N) * dp[:, :, 0]
+    dp_lat = SHAVE * dp[:, :, 1]
     PP = pairs.PPa[pj]
     per_stage = (L // PP) * (s // pairs.EP)
     per_gpu = B // (s * pairs.DPp)
-    flop = per_stage * (pairs.min_area[ti] * (per_gpu / 8) * flop_s)
-    fixed = per_stage * (PP * lat6)  # m ≥ PP micro-batches, each paying six matmul latencies
+    flop = (per_stage * (pairs.min_area[ti] * (per_gpu / 8) * flop_s))[:, None]
+    fixed = (per_stage * (PP * lat6))[:, None]  # m ≥ PP micro-batches, six latencies each
     overlap_tp, overlap_pp, overlap_dp = flags
     hidden = (tp_bw if overlap_tp else 0.0) + (pe_bw if overlap_pp else 0.0)
     exposed = (0.0 if overlap_tp else tp_bw) + (0.0 if overlap_pp else pe_bw)
@@ -681,9 +672,9 @@ def _pair_bounds(model: Model, pairs: _Pairs, levels, caps, N, by, schedules, fl
     # Zero-bubble rows hide the TP/PP latency but need m ≥ 2·PP; the others pay it. Each
     # triple takes the lower bound of the kinds of schedule its PP has.
     has_zb, has_other = _schedule_kinds(schedules, tuple(pairs.pps), L)
-    has_zb, has_other = has_zb[pj], has_other[pj]
+    has_zb, has_other = has_zb[pj, None], has_other[pj, None]
     return np.minimum(np.where(has_other, step(flop + fixed, tp_lat + pe_lat), math.inf),
-                      np.where(has_zb, step(flop + 2 * fixed, 0.0), math.inf))
+                      np.where(has_zb, step(flop + 2 * fixed, 0.0), math.inf)).min(axis=1)
 
 
 def best_plan(gpu: GPU, model: Model, settings: Settings, N: int,
@@ -846,7 +837,7 @@ def _latency_wall(gpu: GPU, model: Model, settings: Settings, levels, caps) -> f
     schedules = tuple(settings.schedules)
     tps = np.array(_tp_rows(tp_g, d, f)[0], dtype=float)
     pps = divisors(pp_g)[::-1]
-    tp_lat = SHAVE * (4 * L) * _tp_units(levels, caps, tp_g, d, f)[:, 1]
+    tp_lat = SHAVE * (4 * L) * _tp_units(levels, caps, tp_g, d, f)[:, :, 1].min(axis=1)
     pe_lat = SHAVE * _ppep_units(levels, caps, pp_g, EP, L, schedules)[:, 1]
     has_zb, has_other = _schedule_kinds(schedules, pps, L)
     lat6 = (1 - 1e-9) * 6 * gpu.latency_per_matmul_s
