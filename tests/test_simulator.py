@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from helpers.hardware import GTX_580, H100_SUPERPOD, H100_SXM, NetworkLevel, PRESETS
+from helpers.hardware import (GTX_580, H100_GLOBAL_NVLINK, H100_SUPERPOD, H100_SXM, NetworkLevel,
+                              PRESETS)
 from helpers.simulator import reference, search
 from helpers.simulator.config import gpu_from_json, gpu_to_json, load_config, preset, validate
 from helpers.simulator.curve import run_curve
@@ -150,6 +151,14 @@ SAMPLES = [
     (H100_SUPERPOD, Settings(sparse=True), [1]),
     (H100_SXM, Settings(schedules=("1f1b", "zero_bubble"), overlap_dp=True,
                         overlap_tp=False), [1]),
+    # one network level: no inner level for TP and DP to share
+    (H100_GLOBAL_NVLINK, Settings(), [0, 6]),
+    # notebook 06's sliders: latency ÷ 10 and bandwidth × 10, a shorter run
+    (replace(H100_SXM, latency_per_matmul_s=H100_SXM.latency_per_matmul_s / 10,
+             network_levels=tuple(replace(lv, bandwidth_Bps=10 * lv.bandwidth_Bps,
+                                          latency_s=lv.latency_s / 10)
+                                  for lv in H100_SXM.network_levels)),
+     Settings(months=1), [3]),
 ]
 
 
