@@ -204,8 +204,9 @@ def test_exact_ties_follow_the_reference_codes_order(dense):
     assert _fastest_step_with_tp(H100_SXM, p.model, Settings(), q, 128, 256) == q.time.step
 
 
-@pytest.mark.parametrize("gpu, settings", [(H100_SXM, Settings()), (H100_SXM, Settings(sparse=True)),
-                                           (GTX_580, Settings())], ids=["dense", "sparse", "gtx"])
+@pytest.mark.parametrize("gpu, settings",
+                         [(H100_SXM, Settings()), (H100_SXM, Settings(sparse=True)),
+                          (GTX_580, Settings())], ids=["dense", "sparse", "gtx"])
 def test_step_floor_is_below_every_plan_and_not_trivial(gpu, settings):
     """size_cluster skips the cluster sizes whose floor exceeds the largest step: the floor
     must never be above a real plan's step (the fast == reference tests would not see a

@@ -198,7 +198,8 @@ def _least_per_inner(caps, at, bw, lat) -> np.ndarray:
 @lru_cache(maxsize=None)
 def _dp_unit_inner(levels, caps, DP) -> np.ndarray:
     """Per degree c on the innermost level (`_inner(caps)`): min over DP's splits with
-    x_0 = c of max_k (x_k − 1)·Π_{j>k} x_j / bw_k, and of Σ_k 2·lat_k·[x_k > 1] (inf if none)."""
+    x_0 = c of max_k (x_k − 1)·Π_{j>k} x_j / bw_k, and of Σ_k 2·lat_k·[x_k > 1] (inf if
+    none)."""
     w, crosses, x = _type_terms(caps, DP)
     at = (np.searchsorted(np.array(_inner(caps)), x[:, 0]) if caps
           else np.zeros(len(w), dtype=np.int64))
@@ -273,10 +274,10 @@ def _ppep_unit(levels, caps, PP, EP, v, L) -> tuple[float, float]:
 def clear_caches() -> None:
     """Forget every cached result (for honest cold-start benchmarks)."""
     for fn in (tile, _matmul, _six_matmuls, divisors, _divisor_array, _microbatches, _splits,
-               _pair_splits, _dp_unit_inner, _tp_unit_inner, _inner_pairs,
-               _type_terms, _pair_terms, _ppep_weights, _ppep_unit, _tp_unit_any, _ppep_unit_any, _tp_units, _ppep_units,
-               _tp_shapes, _schedules, _schedule_kinds, _tp_rows, _ppep_terms, _ep_terms,
-               placement_table, factorization_table, _inner_table, _with_outer):
+               _pair_splits, _type_terms, _pair_terms, _dp_unit_inner, _tp_unit_inner,
+               _inner_pairs, _ppep_weights, _ppep_unit, _tp_unit_any, _ppep_unit_any, _tp_units,
+               _ppep_units, _tp_shapes, _schedules, _schedule_kinds, _tp_rows, _ppep_terms,
+               _ep_terms, placement_table, factorization_table, _inner_table, _with_outer):
         fn.cache_clear()
     _GPUS.clear()
     _GPU_IDS.clear()
