@@ -86,13 +86,17 @@ def plot_mfu(curves: dict[str, Curve], relative: bool = False) -> Figure:
         seen.append((name, curve))
     ax.set_xscale("log")
     ax.minorticks_off()   # decades only: minor ticks cost most of a redraw
+    # plain-text tick labels and pinned title and labels: redrawn on every slider release,
+    # so nothing is laid out by mathtext or placed by measuring ticks (as plot_degrees)
+    ax.xaxis.set_major_formatter(decade_label)
     ax.set_xlabel("training compute C (FLOP)")
     ax.set_ylabel("MFU ÷ the GPU's ceiling" if relative else "MFU (against peak FLOP/s)")
+    fixed_layout(ax, xlabel_y=-0.08, ylabel_x=-0.08)
     ax.set_ylim(0, 1.05 if relative else 1)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="upper right")
     ax.set_title("dashed: τ × ceiling · ★ largest compute at or above it · ○ linear scaling "
-                 "ends · dotted: first infeasible point", fontsize=9)
+                 "ends · dotted: first infeasible point", fontsize=9, y=1.0)
     return fig
 
 
