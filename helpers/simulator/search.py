@@ -45,8 +45,7 @@ from .comm import ep_frequencies, outer, pp_frequencies, top_level
 from .matmul import matmul_constants, matmul_seconds, tile
 from .placement import _inner_table, _with_outer, factorization_table, placement_table
 from .plan import Plan
-from .reference import (bubble_fraction, combine, level_capacities, schedule_options,
-                        step_seconds)
+from .reference import combine, level_capacities, schedule_options, step_seconds
 from .reference import divisors as _slow_divisors
 from .scaling import Model
 from .settings import Settings
@@ -506,20 +505,6 @@ def _placed_comm(model: Model, levels, caps, deg, v, N, by, memo: tuple[dict, ..
     return table, tuple(np.array(parts, dtype=float).take(table.columns))
 
 
-def _steps(matmul, tp_bw, tp_lat, ppep_bw, ppep_lat, dp_bw, dp_lat, PP, m, v, zb,
-           overlap_tp, overlap_pp, overlap_dp) -> np.ndarray:
-    """`reference.step_seconds` over arrays of placements: the same operations in order."""
-    bubble = bubble_fraction(PP, m, v, zb)
-    hidden = (tp_bw if overlap_tp else 0.0) + (ppep_bw if overlap_pp else 0.0)
-    exposed = (0.0 if overlap_tp else tp_bw) + (0.0 if overlap_pp else ppep_bw)
-    pipe = (np.maximum(matmul, hidden) + exposed) / (1 - bubble)
-    if not zb:
-        pipe = pipe + (tp_lat + ppep_lat)
-    if overlap_dp:
-        return np.maximum(pipe, dp_bw) + dp_lat
-    return pipe + dp_bw + dp_lat
-
-
 def _floors(model: Model, lay: _Layouts, levels, caps, N, by):
     """Per group: each communication part at its own best split over the levels (six
     arrays, shaved; no placement does better on any part, so they bound every placement),
@@ -553,9 +538,9 @@ def _joint_parts(floors, joint, gi: int) -> list[tuple[float, ...]]:
 
 def _step_formula(matmul, tp_bw, tp_lat, pe_bw, pe_lat, dp_bw, dp_lat, PP, m, v, zb,
                   flags) -> np.ndarray:
-    """`reference.step_seconds` elementwise over arrays, the same operations in the same
-    order: from lower bounds of the parts, a lower bound of the step (every operation is
-    monotone)."""
+    """`reference.step_seconds` elementwise over arrays (or scalars), the same operations in
+    the same order: from the exact parts the exact step, from lower bounds of the parts a
+    lower bound of it (every operation is monotone)."""
     overlap_tp, overlap_pp, overlap_dp = flags
     z = (v - 1) * np.maximum(0, PP - m)
     bubble = np.where(zb, 0.0, (z + PP - 1) / (z + PP - 1 + v * m))
@@ -790,7 +775,7 @@ def best_plan(gpu: GPU, model: Model, settings: Settings, N: int,
         if group is None:
             continue
         table, comm = group
-        steps = _steps(matmul, *comm, PP, m, v, zb, *flags)
+        steps = _step_formula(matmul, *comm, PP, m, v, zb, flags)
         # `reference.tie_key`: run time, then bandwidth time over the run, then the
         # earliest row and placement.
         runs = n_steps * steps
