@@ -958,6 +958,12 @@ class LiveRanks:
                 replies[rank.index] = reply
                 if reply[1] == "error":
                     self._show(replies)
+                    # A rank that died takes down the collectives it was in, so its peers
+                    # fail too, and their errors may be read first: name the dead rank (the
+                    # cause). Its pipe closed as it exited, before a peer could notice.
+                    dead = next((r for r in pending.values() if not r.drain()), None)
+                    if dead is not None:
+                        raise self._died(dead, what)
                     raise self._failed(rank, reply[2], ranks, pending)
             for rank in list(pending.values()):  # dead, but its pipe held open by a child
                 if not rank.alive() and not rank.conn.poll():

@@ -1,5 +1,7 @@
 """Rank functions used by the tests: they must live in an importable module."""
 import os
+import socket
+import subprocess
 import sys
 import time
 
@@ -42,6 +44,26 @@ def sleep(rank, world_size, seconds):
 
 def exit_hard(rank, world_size):
     if rank == 0:
+        os._exit(3)
+    dist.barrier()
+
+
+def exit_hard_pipe_held_open(rank, world_size, hold_s=2.0):
+    """As `exit_hard`, but a child of rank 0 keeps its Unix sockets (its pipe to the parent
+    among them; gloo's are TCP) open for `hold_s`: the parent reads rank 1's barrier error
+    and no end-of-file from rank 0, which has exited all the same."""
+    if rank == 0:
+        unix = []
+        for name in os.listdir("/proc/self/fd"):
+            try:
+                with socket.socket(fileno=os.dup(int(name))) as s:
+                    if s.family == socket.AF_UNIX:
+                        unix.append(int(name))
+            except OSError:  # not a socket
+                pass
+        subprocess.Popen([sys.executable, "-c", f"import time; time.sleep({hold_s})"],
+                         pass_fds=unix, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL)
         os._exit(3)
     dist.barrier()
 

@@ -241,11 +241,15 @@ def test_collective_whose_peer_never_joins_times_out_naming_the_operation():
         assert group.run(rank_fns.identity)[1]["rank"] == 1
 
 
-def test_a_rank_that_dies_is_reported_and_the_rest_are_torn_down():
+@pytest.mark.parametrize("fn", [rank_fns.exit_hard, rank_fns.exit_hard_pipe_held_open],
+                         ids=["pipe-closed", "pipe-held-open"])
+def test_a_rank_that_dies_is_reported_and_the_rest_are_torn_down(fn):
+    """The dead rank is named, not a peer whose barrier failed because of it, whichever
+    the parent reads first (with its pipe held open, only the peer's error is there)."""
     with LiveRanks(2, timeout=20) as group:
         pids = [r["pid"] for r in group.run(rank_fns.identity)]
         with pytest.raises(RankError) as info:
-            group.run(rank_fns.exit_hard)
+            group.run(fn)
         assert info.value.rank == 0 and "exit code 3" in str(info.value)
         assert wait_dead(pids) == []
 
