@@ -225,12 +225,11 @@ def test_latency_wall_is_below_every_plan_that_could_use_it_and_ends_the_dense_c
     """size_cluster stops at the first failed size from which on this bound holds for every
     larger one: it must be below each plan found on such sizes, and it must be what ends the
     dense curve (the wall above the largest step of its infeasible last point)."""
-    levels = search._plain_levels(H100_SXM.network_levels)
     caps = tuple(lv.size for lv in H100_SXM.network_levels[:-1])
     walls = []
     for point in dense.points:
         m = point.model
-        wall = search._latency_wall(H100_SXM, m, Settings(), levels, caps)
+        wall = search._latency_wall(H100_SXM, m, Settings(), caps)
         if point.plan is not None:
             assert wall <= point.plan.time.step, f"{m.C:.3g}"
         walls.append(wall * m.D / m.B / Settings().duration_s)  # in run times over T

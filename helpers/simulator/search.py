@@ -811,15 +811,22 @@ def step_floor(gpu: GPU, model: Model, N: int) -> float:
     return (1 - 1e-9) * (flop + 6 * model.L * gpu.latency_per_matmul_s)
 
 
-def _latency_wall(gpu: GPU, model: Model, settings: Settings, levels, caps) -> float:
+def _largest_degrees(model: Model) -> tuple[int, int]:
+    """The largest TP and PP degrees any N = s·2^i allows: the powers of two in d·f and L."""
+    df = model.d * model.f
+    return df & -df, model.L & -model.L
+
+
+def _latency_wall(gpu: GPU, model: Model, settings: Settings, caps) -> float:
     """A lower bound on the step of every layout on every N = s·2^i from one on where TP
-    and PP can grow no further (2^i a multiple of the powers of two in d·f and in L) and
-    the inner levels are full (`caps`): whatever N, each GPU pays the matmul latencies of
-    ≥ L layer-micro-batches (≥ 2L under zero-bubble) and, outside zero-bubble, TP's and
-    PP's latencies at their best split; and TP·PP·EP GPUs must hold the weights (memory:
-    N·HBM ≥ P·bytes·DP), which rules out the small degrees whose latencies are small."""
+    and PP can grow no further (`_largest_degrees`) and the inner levels are full
+    (`caps`): whatever N, each GPU pays the matmul latencies of ≥ L layer-micro-batches
+    (≥ 2L under zero-bubble) and, outside zero-bubble, TP's and PP's latencies at their
+    best split; and TP·PP·EP GPUs must hold the weights (memory: N·HBM ≥ P·bytes·DP),
+    which rules out the small degrees whose latencies are small."""
     L, d, f, EP = model.L, model.d, model.f, model.s
-    tp_g, pp_g = (d * f) & -(d * f), L & -L
+    levels = _plain_levels(gpu.network_levels)
+    tp_g, pp_g = _largest_degrees(model)
     schedules = tuple(settings.schedules)
     tps = np.array(_tp_rows(tp_g, d, f)[0], dtype=float)
     pps = divisors(pp_g)[::-1]
@@ -845,8 +852,13 @@ def size_cluster(gpu: GPU, model: Model, settings: Settings) -> Plan | None:
         max_step = math.nextafter(max_step, 0.0)
     while steps * math.nextafter(max_step, math.inf) < T:
         max_step = math.nextafter(max_step, math.inf)
-    df, L = model.d * model.f, model.L
-    full = math.prod(lv.size for lv in gpu.network_levels[:-1])
+    # Past the latency wall no larger cluster helps either: from the size on where TP and
+    # PP have all the degrees they can take and the inner levels are full, one bound holds
+    # for every larger N. It is checked once, after the first such size fails (cheap then:
+    # its caches are warm from that size's search).
+    caps = tuple(lv.size for lv in gpu.network_levels[:-1])
+    wall_from = max(model.s * max(_largest_degrees(model)), math.prod(caps))
+    wall_checked = False
     for i in range(60):
         N = model.s * 2**i
         if N < need or step_floor(gpu, model, N) > max_step:
@@ -854,12 +866,8 @@ def size_cluster(gpu: GPU, model: Model, settings: Settings) -> Plan | None:
         plan = best_plan(gpu, model, settings, N, max_step)
         if plan is not None and steps * plan.time.step < T:
             return plan
-        # Past the latency wall no larger cluster helps either: once TP and PP have all
-        # the degrees they can take and the inner levels are full, one bound holds for
-        # every larger N (cheap: its caches are warm from this size's search).
-        if (2**i % (df & -df) == 0 and 2**i % (L & -L) == 0 and N >= full
-                and _latency_wall(gpu, model, settings, _plain_levels(gpu.network_levels),
-                                  tuple(lv.size for lv in gpu.network_levels[:-1]))
-                > max_step):
-            return None
+        if N >= wall_from and not wall_checked:
+            wall_checked = True
+            if _latency_wall(gpu, model, settings, caps) > max_step:
+                return None
     return None
