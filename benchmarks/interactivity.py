@@ -11,7 +11,7 @@ import argparse
 import json
 
 from helpers import ranks
-from helpers.parallel.collectives import all_reduce_once
+from helpers.labs.collectives import all_reduce_once
 from helpers.ranks import LiveRanks, cpu_cores, spawn, threads_per_rank
 from helpers.timing import measure
 

@@ -6,7 +6,7 @@ Figures come from the same helpers the notebooks call, so they change when the c
 """
 import os
 
-from helpers.parallel import collectives
+from helpers.labs import collectives
 from helpers.views.collectives import plot_collectives
 from helpers.views.hardware import plot_hierarchy, plot_node
 

@@ -93,7 +93,7 @@ def _as_list(answer) -> list[float]:
 def check_collectives_reduce_scatter(answer) -> Verdict:
     """Exercise: 8 ranks, rank r holds arange(8) + r; what does rank 3 hold after a
     reduce-scatter (sum)?"""
-    from helpers.parallel.collectives import expected
+    from helpers.labs.collectives import expected
     want = expected("reduce_scatter", 8, 8)[3]["after"].tolist()
     got = _as_list(answer)
     why = (f"element 3 summed over the 8 ranks is 8·3 + (0+1+…+7) = {want[0]:g}; "
@@ -110,7 +110,7 @@ def check_collectives_reduce_scatter(answer) -> Verdict:
 def check_collectives_all_to_all(answer) -> Verdict:
     """Exercise: 4 ranks, rank r holds 10r + [0, 1, 2, 3]; what does rank 2 hold after an
     all-to-all?"""
-    from helpers.parallel.collectives import expected
+    from helpers.labs.collectives import expected
     want = expected("all_to_all", 4, 4)[2]["after"].tolist()
     got = _as_list(answer)
     why = f"rank 2 receives chunk 2 of every rank, in rank order: {[int(v) for v in want]}"

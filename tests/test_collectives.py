@@ -1,9 +1,9 @@
-"""helpers.parallel.collectives: each collective on real ranks equals its one-process definition."""
+"""helpers.labs.collectives (on helpers.parallel.collectives): each collective on real ranks equals its one-process definition."""
 import numpy as np
 import pytest
 import torch
 
-from helpers.parallel import collectives as C
+from helpers.labs import collectives as C
 from helpers.parallel.groups import group_rank, split_groups
 from helpers.ranks import LiveRanks
 from helpers.views.collectives import plot_collectives

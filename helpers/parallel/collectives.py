@@ -1,26 +1,18 @@
-"""The eight collectives of notebook 01, run on real ranks and checked against their definition.
+"""The eight collectives under one call, on any process group: `collective(op, x, group)`.
 
-Every rank starts from the lecture's tensor, `arange(length) + rank` (so with 4 ranks and
-length 4, rank r holds [0, 1, 2, 3] + r); all-to-all uses `10 * rank + arange(length)`.
-`run_collective` is the rank function; `expected` computes the same answer in one process, so
-the notebook and the tests can check the real collective against what it is supposed to do.
-
-Every rank function takes `group=None` (the whole world): inside a group, `rank` and the
-number of ranks are the group's, and the rooted collectives' root is the group's member 0
-(given to torch as its global rank). The drawings are in `helpers.views.collectives`.
+Inside a group, the rooted collectives' root is the group's member 0 (given to torch as its
+global rank). Collectives that cut a tensor into one chunk per member need a length divisible
+by the group's size. Also here: a reduce-scatter that accepts any layout on every backend.
+Notebook 01's runs on live ranks are in `helpers.labs.collectives`; its drawings in
+`helpers.views.collectives`.
 """
 from __future__ import annotations
-
-import re
-import time
-from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
-from helpers.checks import check_choice, check_divisible, check_int
-from helpers.parallel.groups import (all_gather_into, all_reduce_mean, fd2_muted, global_rank,
-                                     group_rank, group_size, rank_device, reduce_scatter_into)
+from helpers.parallel.groups import (all_gather_into, global_rank, group_rank, group_size,
+                                     reduce_scatter_into)
 
 OPS = ("broadcast", "scatter", "gather", "reduce",
        "all_gather", "reduce_scatter", "all_reduce", "all_to_all")
@@ -29,128 +21,45 @@ SPLITTING_OPS = ("scatter", "reduce_scatter", "all_to_all")
 ROOT = 0  # the source / destination of the rooted collectives: member 0 of the group
 
 
-def check_op(op: str, world_size: int, length: int) -> None:
-    check_choice("op", op, OPS)
-    check_int("length", length, 1)
-    if op in SPLITTING_OPS:
-        check_divisible("length", length, world_size,
-                        f"{op} cuts the tensor into one chunk per rank of {world_size}")
-
-
-def start_tensor(rank: int, length: int, op: str = "") -> torch.Tensor:
-    """The lecture's `arange(length) + rank`; for all-to-all, `10 * rank + arange(length)`.
-
-    All-to-all transposes the (rank, chunk) grid, and the lecture's tensor is symmetric
-    under that transpose (element i of rank r is i + r), so it would look unchanged.
-    """
-    if op == "all_to_all":
-        return torch.arange(length, dtype=torch.float32) + 10 * rank
-    return torch.arange(length, dtype=torch.float32) + rank
-
-
-def run_collective(rank: int, world_size: int, op: str, length: int = 4, group=None) -> dict:
-    """Rank function: one collective on `arange(length) + rank`; returns before and after.
-
-    `rank` is the group's (`group_rank(group)`); `None` stands for "this rank holds nothing
-    here" (e.g. non-root ranks of a gather).
-    """
+def collective(op: str, x: torch.Tensor, group=None) -> torch.Tensor | None:
+    """Run `op` on this member's 1-D `x`; return what this member holds afterwards, or None
+    where it holds nothing (non-root members of a gather or a reduce)."""
     rank, size = group_rank(group), group_size(group)
-    check_op(op, size, length)
     root = global_rank(group, ROOT)
-    x = start_tensor(rank, length, op).to(rank_device())
-    before = x.clone()
+    length = x.numel()
     chunks = list(x.chunk(size)) if op in SPLITTING_OPS else None
     if op == "broadcast":
         dist.broadcast(x, src=root, group=group)
-        after = x
-    elif op == "scatter":
-        before = x.clone() if rank == ROOT else None
+        return x
+    if op == "scatter":
         after = torch.empty(length // size, device=x.device)
         dist.scatter(after, [c.contiguous() for c in chunks] if rank == ROOT else None,
                      src=root, group=group)
-    elif op == "gather":
+        return after
+    if op == "gather":
         bucket = [torch.empty_like(x) for _ in range(size)] if rank == ROOT else None
         dist.gather(x, bucket, dst=root, group=group)
-        after = torch.cat(bucket) if rank == ROOT else None
-    elif op == "reduce":
+        return torch.cat(bucket) if rank == ROOT else None
+    if op == "reduce":
         dist.reduce(x, dst=root, op=dist.ReduceOp.SUM, group=group)
-        after = x if rank == ROOT else None  # other ranks' buffers are unspecified
-    elif op == "all_gather":
+        return x if rank == ROOT else None  # other ranks' buffers are unspecified
+    if op == "all_gather":
         after = torch.empty(length * size, device=x.device)
         all_gather_into(after, x, group=group)
-    elif op == "reduce_scatter":
+        return after
+    if op == "reduce_scatter":
         after = torch.empty(length // size, device=x.device)
         reduce_scatter_into(after, x, group=group)
-    elif op == "all_reduce":
+        return after
+    if op == "all_reduce":
         dist.all_reduce(x, op=dist.ReduceOp.SUM, group=group)
-        after = x
-    else:  # all_to_all: chunk j of rank r goes to rank j, which stacks them in rank order
+        return x
+    if op == "all_to_all":  # chunk j of rank r goes to rank j, which stacks them in rank order
         after = torch.empty_like(x)
         dist.all_to_all_single(after, x, group=group)
-    return {"before": before, "after": after}
+        return after
+    raise ValueError(f"op must be one of {', '.join(OPS)}; got {op!r}")
 
-
-def expected(op: str, world_size: int, length: int = 4) -> list[dict]:
-    """What `run_collective` must return on each rank, computed in one process."""
-    check_op(op, world_size, length)
-    xs = [start_tensor(r, length, op) for r in range(world_size)]
-    total = torch.stack(xs).sum(0)
-    out = []
-    for r, x in enumerate(xs):
-        before, after = x, None
-        if op == "broadcast":
-            after = xs[ROOT]
-        elif op == "scatter":
-            before = x if r == ROOT else None
-            after = xs[ROOT].chunk(world_size)[r]
-        elif op == "gather":
-            after = torch.cat(xs) if r == ROOT else None
-        elif op == "reduce":
-            after = total if r == ROOT else None
-        elif op == "all_gather":
-            after = torch.cat(xs)
-        elif op == "reduce_scatter":
-            after = total.chunk(world_size)[r]
-        elif op == "all_reduce":
-            after = total
-        else:
-            after = torch.cat([y.chunk(world_size)[r] for y in xs])
-        out.append({"before": before, "after": after})
-    return out
-
-
-def mismatch(got: list[dict], want: list[dict]) -> str | None:
-    """The first rank whose before/after differs from `expected`, in words; None if all agree."""
-    for rank, (g, w) in enumerate(zip(got, want)):
-        for key in ("before", "after"):
-            if (g[key] is None) != (w[key] is None) or (
-                    g[key] is not None and not torch.equal(g[key].cpu(), w[key])):
-                return f"rank {rank} {key} is {g[key]}, expected {w[key]}"
-    return None
-
-
-def all_reduce_two_ways(rank: int, world_size: int, length: int = 4, group=None) -> dict:
-    """Rank function: all-reduce, and reduce-scatter followed by all-gather, on the same data."""
-    rank, size = group_rank(group), group_size(group)
-    check_op("reduce_scatter", size, length)
-    direct = start_tensor(rank, length).to(rank_device())
-    dist.all_reduce(direct, group=group)
-    piece = torch.empty(length // size, device=direct.device)
-    reduce_scatter_into(piece, start_tensor(rank, length).to(direct.device), group=group)
-    rebuilt = torch.empty(length, device=direct.device)
-    all_gather_into(rebuilt, piece, group=group)
-    return {"all_reduce": direct, "reduce_scatter": piece, "then_all_gather": rebuilt}
-
-
-def lecture_example(rank: int, world_size: int, group=None) -> dict:
-    """The lecture's running example: rank r holds [0, 1, 2, 3] + r."""
-    result = all_reduce_two_ways(rank, world_size, length=4, group=group)
-    return {k: v.tolist() for k, v in result.items()}
-
-
-# ---------------------------------------------------------------------------------------
-# Gaps between backends: probe what this torch's backend does, and the portable way.
-# ---------------------------------------------------------------------------------------
 
 def reduce_scatter_rows(output: torch.Tensor, input: torch.Tensor, group=None) -> torch.Tensor:
     """Reduce-scatter that accepts any layout: gloo checks dim 0, NCCL only the element count.
@@ -160,107 +69,3 @@ def reduce_scatter_rows(output: torch.Tensor, input: torch.Tensor, group=None) -
     """
     reduce_scatter_into(output.view(-1), input.contiguous().view(-1), group=group)
     return output
-
-
-def probe_backend(rank: int, world_size: int, group=None) -> dict:
-    """Rank function: try the calls the lecture makes that some backends refuse."""
-    def attempt(call):
-        try:
-            call()
-            return "works"
-        except (RuntimeError, ValueError) as error:
-            first = str(error).strip().splitlines()[0]
-            # Drop the C++ prefix "[rank0]:[F1129 12:00:00.0 File.cpp:123] " (time, path).
-            return "fails: " + re.sub(r"^\[rank\d+\]:\[[^\]]*\]\s*", "", first)[:90]
-
-    def lecture_call():
-        with fd2_muted():
-            reduce_scatter_into(lecture_output, lecture_input, group=group)
-
-    size = group_size(group)
-    x = start_tensor(group_rank(group), 4).to(rank_device())
-    n = 4
-    lecture_input = torch.randn(size, n, device=x.device)   # the lecture's 2-D input
-    lecture_output = torch.empty(n, device=x.device)
-    flat_output = torch.empty(n, device=x.device)
-    return {
-        "backend": dist.get_backend(group),
-        "all_reduce(op=AVG)":
-            attempt(lambda: dist.all_reduce(x.clone(), op=dist.ReduceOp.AVG, group=group)),
-        "reduce_scatter(2-D input (w, n) -> output (n,))": attempt(lecture_call),
-        "reduce_scatter_rows (flattened)":
-            attempt(lambda: reduce_scatter_rows(flat_output, lecture_input, group=group)),
-        "all_reduce_mean": attempt(lambda: all_reduce_mean(x.clone(), group=group)),
-    }
-
-
-# ---------------------------------------------------------------------------------------
-# Every collective on live ranks, checked (notebook 01's figure and widget draw the result).
-# ---------------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class CollectiveRun:
-    """What `run_all` ran: per op, each rank's before/after; and the ops it had to leave out."""
-
-    world_size: int
-    length: int
-    results: dict[str, list[dict]]
-    skipped: tuple[str, ...]
-
-
-def run_all(live, world_size: int, length: int, ops=OPS) -> CollectiveRun:
-    """Run `ops` on `live` ranks resized to `world_size`; check each against `expected`.
-
-    Ops that cannot cut `length` into `world_size` chunks are left out (named in `skipped`)
-    rather than failing the rest; AssertionError names the first rank that differs.
-    """
-    from helpers.ranks import check_world_size
-    check_world_size(world_size)
-    check_int("length", length, 1)
-    for op in ops:
-        check_choice("op", op, OPS)
-    live.resize(world_size)
-    results, skipped = {}, []
-    for op in ops:
-        if op in SPLITTING_OPS and length % world_size:
-            skipped.append(op)
-            continue
-        got = live.run(run_collective, op, length)
-        wrong = mismatch(got, expected(op, world_size, length))
-        if wrong:
-            raise AssertionError(f"{op}: {wrong}")
-        results[op] = got
-    return CollectiveRun(world_size, length, results, tuple(skipped))
-
-
-# ---------------------------------------------------------------------------------------
-# Small rank functions of notebook 01 and the benchmarks.
-# ---------------------------------------------------------------------------------------
-
-def all_reduce_once(rank: int, world_size: int, numel: int = 4, group=None) -> float:
-    """Rank function: one small all-reduce; the unit of interactivity in benchmarks."""
-    x = start_tensor(group_rank(group), numel).to(rank_device())
-    dist.all_reduce(x, group=group)
-    return float(x[0])
-
-
-def forgetful_all_reduce(rank: int, world_size: int, group=None) -> str:
-    """Rank function: every rank but the last calls all_reduce; the rest wait for it forever.
-
-    The rule it breaks: every rank of a group must call every collective, in the same order.
-    """
-    if group_rank(group) == group_size(group) - 1:
-        return "returned without calling all_reduce"
-    x = start_tensor(group_rank(group), 4).to(rank_device())
-    dist.all_reduce(x, group=group)
-    return "done"
-
-
-def barrier_demo(rank: int, world_size: int, seconds_per_rank: float = 0.2, group=None) -> dict:
-    """Rank function: ranks arrive at a barrier at different times and leave it together."""
-    start = time.monotonic()
-    time.sleep(seconds_per_rank * group_rank(group))
-    arrived = time.monotonic() - start
-    dist.barrier(group=group)
-    left = time.monotonic() - start
-    return {"arrived_s": round(arrived, 2), "left_s": round(left, 2)}

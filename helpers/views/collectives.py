@@ -15,7 +15,8 @@ from matplotlib import colormaps
 from matplotlib.collections import LineCollection
 from matplotlib.figure import Figure
 
-from helpers.parallel.collectives import OPS, SPLITTING_OPS, expected, run_all
+from helpers.labs.collectives import expected, run_all
+from helpers.parallel.collectives import OPS, SPLITTING_OPS
 
 MAX_WIDGET_WORLD_SIZE = 8   # the world-size slider's end
 MAX_LENGTH = 16             # the length slider's end
