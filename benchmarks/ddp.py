@@ -28,7 +28,7 @@ import json
 import statistics
 
 from helpers.models import MLPConfig
-from helpers.parallel import dp
+from helpers.labs import dp as dp_lab
 from helpers.ranks import LiveRanks, cpu_cores, threads_per_rank
 from helpers.timing import Measurement
 
@@ -66,7 +66,7 @@ def main(argv=None) -> dict:
             configs = configurations()
             # One step of each variant in turn, all models alive at once: a shared machine's
             # load, which changes from second to second, then slows every variant alike.
-            per_rank = ranks.run(dp.time_interleaved, [(v, mb or 25.0) for v, mb in configs],
+            per_rank = ranks.run(dp_lab.time_interleaved, [(v, mb or 25.0) for v, mb in configs],
                                  config, repeat=args.repeat, warmup=2)
             times = dict(zip(configs, per_rank[0]))  # the barrier makes ranks agree
             compute = statistics.median(times[("compute", None)])

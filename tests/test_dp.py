@@ -11,6 +11,7 @@ from torch import nn
 
 from helpers.models import MLPConfig, make_batch, make_mlp, mlp_loss
 from helpers.parallel import dp
+from helpers.labs import dp as dp_lab
 from helpers.parallel.groups import split_groups
 from helpers.ranks import LiveRanks
 from helpers.views.dp import plot_timeline
@@ -38,12 +39,12 @@ def assert_bit_identical(results):
 @pytest.mark.parametrize("world_size", [2, 4])
 @pytest.mark.parametrize("variant", ("lecture",) + dp.VARIANTS)
 def test_every_rank_matches_single_process_training(ranks, world_size, variant):
-    reference = dp.train_single_process(3, SMALL)
+    reference = dp_lab.train_single_process(3, SMALL)
     ranks.resize(world_size)
     if variant == "lecture":
-        results = ranks.run(dp.lecture_train, 3, SMALL)
+        results = ranks.run(dp_lab.lecture_train, 3, SMALL)
     else:  # ranks initialise with different seeds: only the broadcast makes them agree
-        results = ranks.run(dp.ddp_train, variant, 3, SMALL, bucket_size_mb=TWO_LAYERS_MB)
+        results = ranks.run(dp_lab.ddp_train, variant, 3, SMALL, bucket_size_mb=TWO_LAYERS_MB)
     moved = max((a - b).abs().max().item()
                 for a, b in zip(reference.params, make_mlp(SMALL).parameters()))
     assert moved > 1e-3  # the steps are large enough that a wrong average could not hide
@@ -59,8 +60,8 @@ def pair_train(rank, world_size, variant):
     group = split_groups(PAIRS)
     config = SMALL.with_(seed=10 * (rank // 2))
     if variant == "lecture":
-        return dp.lecture_train(rank, world_size, 3, config, group=group)
-    return dp.ddp_train(rank, world_size, variant, 3, config, bucket_size_mb=TWO_LAYERS_MB,
+        return dp_lab.lecture_train(rank, world_size, 3, config, group=group)
+    return dp_lab.ddp_train(rank, world_size, variant, 3, config, bucket_size_mb=TWO_LAYERS_MB,
                         group=group)
 
 
@@ -69,7 +70,7 @@ def test_two_groups_of_two_each_match_their_own_single_process_training(ranks, v
     ranks.resize(4)
     results = ranks.run(pair_train, variant)
     for pair, members in enumerate(PAIRS):
-        reference = dp.train_single_process(3, SMALL.with_(seed=10 * pair))
+        reference = dp_lab.train_single_process(3, SMALL.with_(seed=10 * pair))
         mine = [results[r] for r in members]
         for r in mine:
             torch.testing.assert_close(r.params, reference.params)
@@ -84,7 +85,7 @@ def test_two_groups_of_two_each_match_their_own_single_process_training(ranks, v
 
 def test_all_reduces_per_step(ranks):
     ranks.resize(2)
-    counts = {v: ranks.run(dp.ddp_train, v, 1, SMALL,
+    counts = {v: ranks.run(dp_lab.ddp_train, v, 1, SMALL,
                            bucket_size_mb=TWO_LAYERS_MB)[0].all_reduces_per_step
               for v in dp.VARIANTS}
     assert counts == {"naive": SMALL.layers, "flat": 1, "overlap": SMALL.layers,
@@ -309,7 +310,7 @@ def test_no_sync_accumulates_micro_batches_and_synchronises_once(ranks, variant)
 # --- overlap, from timestamps ------------------------------------------------------------------
 
 def pair_timeline(rank, world_size, variant):
-    return dp.timeline(rank, world_size, variant, SMALL, bucket_size_mb=TWO_LAYERS_MB, warmup=1,
+    return dp_lab.timeline(rank, world_size, variant, SMALL, bucket_size_mb=TWO_LAYERS_MB, warmup=1,
                        traced=3, group=split_groups(PAIRS))
 
 
@@ -321,7 +322,7 @@ def test_timeline_shows_all_reduces_launched_during_backward_only_with_hooks(ran
     if pairs:
         per_rank = ranks.resize(4).run(pair_timeline, variant)
     else:
-        per_rank = ranks.resize(2).run(dp.timeline, variant, SMALL,
+        per_rank = ranks.resize(2).run(dp_lab.timeline, variant, SMALL,
                                        bucket_size_mb=TWO_LAYERS_MB, warmup=1)
     for events in per_rank:
         assert all(isinstance(e, dp.TraceEvent) for e in events)
@@ -330,7 +331,7 @@ def test_timeline_shows_all_reduces_launched_during_backward_only_with_hooks(ran
         assert len(launches) == {"naive": SMALL.layers, "flat": 1, "overlap": SMALL.layers,
                                  "bucketed": 2}[variant]
         assert any(s < backward.end for s in launches) == overlaps
-        assert (dp.overlap_seconds(events) > 0) == overlaps
+        assert (dp_lab.overlap_seconds(events) > 0) == overlaps
     if not pairs:
         fig = plot_timeline({variant: per_rank})
         assert isinstance(fig, Figure) and len(fig.axes[0].get_yticks()) == 2
@@ -353,17 +354,17 @@ def test_wrapper_outside_a_process_group_says_where_to_build_it():
 def test_bad_arguments_fail_in_the_parent_before_any_rank_starts():
     idle = LiveRanks(2, backend="gloo")
     with pytest.raises(ValueError, match="variant"):
-        dp.compare_with_single_process(idle, variants=("fast",))
+        dp_lab.compare_with_single_process(idle, variants=("fast",))
     with pytest.raises(ValueError, match="bucket_size_mb"):
-        dp.compare_with_single_process(idle, bucket_size_mb=0)
+        dp_lab.compare_with_single_process(idle, bucket_size_mb=0)
     with pytest.raises(ValueError, match="batch"):
-        dp.compare_with_single_process(idle, config=SMALL.with_(batch=127))
+        dp_lab.compare_with_single_process(idle, config=SMALL.with_(batch=127))
     with pytest.raises(ValueError, match="variant"):
-        dp.compare_step_times(idle, variants=("compute", "fastest"))
+        dp_lab.compare_step_times(idle, variants=("compute", "fastest"))
     with pytest.raises(ValueError, match="batch"):
-        dp.compare_step_times(idle, config=SMALL.with_(batch=3))
+        dp_lab.compare_step_times(idle, config=SMALL.with_(batch=3))
     with pytest.raises(ValueError, match="optimizer"):
-        dp.train_single_process(1, SMALL, optimizer="lion")
+        dp_lab.train_single_process(1, SMALL, optimizer="lion")
     assert idle.pids == []
     idle.close()
 
@@ -371,7 +372,7 @@ def test_bad_arguments_fail_in_the_parent_before_any_rank_starts():
 def test_interleaved_timing_gives_every_variant_its_steps(ranks):
     ranks.resize(2)
     setups = [("compute", 1.0), ("naive", 1.0), ("bucketed", TWO_LAYERS_MB), ("torch", 1.0)]
-    per_rank = ranks.run(dp.time_interleaved, setups, SMALL, repeat=3, warmup=1)
+    per_rank = ranks.run(dp_lab.time_interleaved, setups, SMALL, repeat=3, warmup=1)
     for times in per_rank:
         assert len(times) == len(setups)
         assert all(len(ts) == 3 and all(t > 0 for t in ts) for ts in times)
@@ -383,7 +384,7 @@ def test_interleaved_timing_gives_every_variant_its_steps(ranks):
 def test_nccl_ranks_match_single_process_training(variant):
     from helpers.ranks import spawn
 
-    reference = dp.train_single_process(3, SMALL)
-    for r in spawn(dp.ddp_train, 2, variant, 3, SMALL, backend="nccl",
+    reference = dp_lab.train_single_process(3, SMALL)
+    for r in spawn(dp_lab.ddp_train, 2, variant, 3, SMALL, backend="nccl",
                    bucket_size_mb=TWO_LAYERS_MB):
         torch.testing.assert_close(r.params, reference.params)

@@ -9,6 +9,7 @@ from torch import nn
 
 from helpers.models import MLPConfig, make_batch, make_mlp, mlp_loss
 from helpers.parallel import dp, zero
+from helpers.labs import dp as dp_lab
 from helpers.parallel.groups import split_groups
 from helpers.ranks import LiveRanks
 
@@ -40,11 +41,11 @@ def check_sharded_like_plain(results, d):
 @pytest.mark.parametrize("optimizer", ["adamw", "sgd"])
 def test_sharded_optimizer_is_bit_identical_to_the_plain_one(ranks, world_size, optimizer):
     ranks.resize(world_size)
-    check_sharded_like_plain(ranks.run(zero.sharded_vs_plain, optimizer, 3, SMALL), world_size)
+    check_sharded_like_plain(ranks.run(dp_lab.sharded_vs_plain, optimizer, 3, SMALL), world_size)
 
 
 def pair_sharded_vs_plain(rank, world_size, optimizer):
-    return zero.sharded_vs_plain(rank, world_size, optimizer, 3,
+    return dp_lab.sharded_vs_plain(rank, world_size, optimizer, 3,
                                  SMALL.with_(seed=10 * (rank // 2)), group=split_groups(PAIRS))
 
 
@@ -114,7 +115,7 @@ def zero1_data_parallel(rank, world_size, blocks=None, steps=3):
 @pytest.mark.parametrize("world_size", [2, 4])
 def test_zero1_with_ddp_matches_single_process_adamw(ranks, world_size):
     ranks.resize(world_size)
-    reference = dp.train_single_process(3, SMALL, optimizer="adamw", lr=1e-2)
+    reference = dp_lab.train_single_process(3, SMALL, optimizer="adamw", lr=1e-2)
     for params in ranks.run(zero1_data_parallel):
         torch.testing.assert_close(params, reference.params)
 
@@ -122,15 +123,15 @@ def test_zero1_with_ddp_matches_single_process_adamw(ranks, world_size):
 def test_zero1_in_two_groups_of_two_matches_each_groups_single_process_adamw(ranks):
     results = ranks.resize(4).run(zero1_data_parallel, PAIRS)
     for pair, members in enumerate(PAIRS):
-        reference = dp.train_single_process(3, SMALL.with_(seed=10 * pair), optimizer="adamw")
+        reference = dp_lab.train_single_process(3, SMALL.with_(seed=10 * pair), optimizer="adamw")
         for rank in members:
             torch.testing.assert_close(results[rank], reference.params)
 
 
 def test_measured_state_bytes_shrink_by_d(ranks):
-    rows = zero.measure_state_bytes(ranks, degrees=(1, 2), config=SMALL, steps=1)
+    rows = dp_lab.measure_state_bytes(ranks, degrees=(1, 2), config=SMALL, steps=1)
     assert [row.d for row in rows] == [1, 2] and all(row.equal for row in rows)
-    lines = zero.state_bytes_table(rows, SMALL.parameters).splitlines()
+    lines = dp_lab.state_bytes_table(rows, SMALL.parameters).splitlines()
     assert lines[0].split()[0] == "d" and len(lines) == 3
     assert f"{8 * SMALL.parameters // 2:,}" in lines[2]
 
@@ -143,6 +144,6 @@ def test_bad_arguments_are_one_clear_error():
         zero.ShardedOptimizer([nn.Parameter(torch.zeros(2))], torch.optim.SGD, lr=0.1)
     idle = LiveRanks(2, backend="gloo")
     with pytest.raises(ValueError, match="d "):
-        zero.measure_state_bytes(idle, degrees=(1, 0))
+        dp_lab.measure_state_bytes(idle, degrees=(1, 0))
     assert idle.pids == []
     idle.close()

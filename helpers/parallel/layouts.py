@@ -31,7 +31,7 @@ from helpers.cost.parallel3d import (BYTES_PER_FLOAT, LAYOUTS_4, Breakdown, Cali
                                      measured_breakdown, predict, stage_parameters,
                                      stages_used, shapes_used)
 from helpers.models import TRANSFORMER, Block, Head, Transformer, TransformerConfig, lm_loss
-from helpers.parallel.dp import make_optimizer
+from helpers.optimizers import make_optimizer
 from helpers.parallel.groups import split_groups
 from helpers.parallel.parallel3d import Rank3D, Stage, Trainer3D, check_3d, cpu_tensors
 from helpers.parallel.tp import counting
@@ -255,7 +255,7 @@ def calibrate(rank: int, world_size: int, layouts=LAYOUTS_4,
 
 
 def _optimizer_on(t: int, p: int, stage: int, config: TransformerConfig):
-    """The step's optimizer (`dp.make_optimizer("adamw")`) over tensors of the shapes one TP
+    """The step's optimizer (`make_optimizer("adamw")`) over tensors of the shapes one TP
     rank of stage `stage` of p holds (each sharded weight cut t ways), gradients set."""
     with torch.device("meta"):
         whole = Stage(Transformer(config), stage, p)

@@ -44,7 +44,8 @@ from torch import nn
 from helpers.checks import check_choice, check_divisible, check_int, check_number
 from helpers.models import (TRANSFORMER, Block, Transformer, TransformerConfig, lm_loss,
                             make_tokens, make_transformer)
-from helpers.parallel.dp import OPTIMIZERS, BucketedDDP, make_optimizer, shard
+from helpers.optimizers import OPTIMIZERS, make_optimizer
+from helpers.parallel.dp import BucketedDDP, shard
 from helpers.parallel.groups import all_reduce_mean, rank_device
 from helpers.parallel.mesh import Coords, Mesh, build_groups
 from helpers.parallel.pp import Mailbox, stage_range
@@ -314,7 +315,7 @@ def train_3d(rank: int, world_size: int, d: int, t: int, p: int, m: int,
     """Rank function: `steps` training steps of `make_transformer(config)` on
     `make_tokens(config)` with d-way data, t-way tensor and p-way pipeline parallelism
     (1F1B over m micro-batches per DP replica), on a freshly built `Trainer3D`.
-    `optimizer`/`lr` as in `dp.make_optimizer` (lr None: the course's default for that
+    `optimizer`/`lr` as in `helpers.optimizers.make_optimizer` (lr None: the course's default for that
     optimizer)."""
     _check_training(steps, optimizer, lr)
     trainer = Trainer3D(rank, world_size, d, t, p, m, config, lr, optimizer, bucket_size_mb)

@@ -15,19 +15,16 @@ The memory model for ZeRO stages 0-3 is `helpers.cost.memory`.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from helpers.checks import check_choice, check_int, check_number
-from helpers.cost.memory import FP32_ADAM_BYTES, zero_memory_per_rank
-from helpers.models import LECTURE, MLPConfig, make_batch, make_mlp, mlp_loss
-from helpers.parallel.dp import OPTIMIZERS, broadcast_from_rank0
+from helpers.checks import check_choice, check_number
+from helpers.parallel.dp import broadcast_from_rank0
 from helpers.parallel.groups import (all_gather_into, global_rank, group_rank, group_size,
-                                     rank_device, reduce_scatter_into)
+                                     reduce_scatter_into)
 from helpers.parallel.memory import CommLog
 
 
@@ -132,78 +129,6 @@ def state_bytes(optimizer: torch.optim.Optimizer) -> int:
         return 0
     return sum(v.numel() * v.element_size() for state in optimizer.state.values()
                for v in state.values() if isinstance(v, torch.Tensor))
-
-
-# ----------------------------------------------------------------------------------------
-# Rank functions for the notebook and tests.
-# ----------------------------------------------------------------------------------------
-
-@dataclass
-class ShardingCheck:
-    """sharded_vs_plain's answer on one rank."""
-    equal: bool                 # sharded and plain parameters torch.equal after training
-    params: list[torch.Tensor]  # the sharded copy's parameters, on the CPU
-    plain_state_bytes: int
-    sharded_state_bytes: int
-    owned_elements: int         # parameter elements this rank steps
-
-
-def sharded_vs_plain(rank: int, world_size: int, optimizer: str = "adamw", steps: int = 3,
-                     config: MLPConfig = LECTURE, group=None) -> ShardingCheck:
-    """Rank function: train two copies of the MLP on the same data, one with the plain
-    optimizer (dp.OPTIMIZERS) and one with ShardedOptimizer around it over `group`.
-    (No data parallelism here: every rank sees the same batch, so only the optimizer differs.)"""
-    cls, kwargs = OPTIMIZERS[optimizer]
-    device = rank_device()
-    plain_model, sharded_model = make_mlp(config).to(device), make_mlp(config).to(device)
-    plain = cls(plain_model.parameters(), **kwargs)
-    sharded = ShardedOptimizer(sharded_model.parameters(), cls, group=group, **kwargs)
-    x = make_batch(config).to(device)
-    for _ in range(steps):
-        for model, opt in ((plain_model, plain), (sharded_model, sharded)):
-            mlp_loss(model(x)).backward()
-            opt.step()
-            opt.zero_grad()
-    return ShardingCheck(
-        equal=all(torch.equal(a, b) for a, b in zip(plain_model.parameters(),
-                                                    sharded_model.parameters())),
-        params=[p.detach().to("cpu", copy=True) for p in sharded_model.parameters()],
-        plain_state_bytes=state_bytes(plain), sharded_state_bytes=state_bytes(sharded),
-        owned_elements=sharded.load[sharded.rank])
-
-
-@dataclass(frozen=True)
-class StateBytesRow:
-    """measure_state_bytes at one data degree d."""
-    d: int
-    per_rank: list[int]   # sharded AdamW state bytes on each rank
-    plain: int            # the plain AdamW's state bytes
-    equal: bool           # sharded = plain, bit for bit, on every rank
-
-
-def measure_state_bytes(ranks, degrees=(1, 2, 4), config: MLPConfig = LECTURE,
-                        steps: int = 2) -> list[StateBytesRow]:
-    """Run sharded_vs_plain (AdamW) on d = each of `degrees` ranks; one row per d."""
-    for d in degrees:
-        check_int("d (in degrees)", d)
-    rows = []
-    for d in degrees:
-        results = ranks.resize(d).run(sharded_vs_plain, "adamw", steps, config)
-        rows.append(StateBytesRow(d, [r.sharded_state_bytes for r in results],
-                                  results[0].plain_state_bytes, all(r.equal for r in results)))
-    return rows
-
-
-def state_bytes_table(rows: list[StateBytesRow], psi: int) -> str:
-    """Measured optimizer state per rank next to the model: fp32 AdamW keeps m and v, K = 8."""
-    lines = [f"{'d':>3}{'per rank (measured)':>22}{'8Ψ/d (model)':>16}{'plain / max rank':>18}"
-             f"{'bit-identical':>15}"]
-    for row in rows:
-        worst = max(row.per_rank)
-        model = zero_memory_per_rank(psi, row.d, 1, optimizer_bytes=FP32_ADAM_BYTES).optimizer
-        lines.append(f"{row.d:>3}{worst:>22,}{round(model):>16,}"
-                     f"{row.plain / worst:>18.2f}{str(row.equal):>15}")
-    return "\n".join(lines)
 
 
 # ----------------------------------------------------------------------------------------
