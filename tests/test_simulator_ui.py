@@ -78,7 +78,7 @@ def test_the_blitted_breakdown_is_the_figure_drawn_afresh():
     pixels: at each point the picture must be the one a full draw gives (up to the
     few pixels where a bar meets the spine, drawn in another order). Every third point, walked
     from the far end and back, so each is drawn over a different earlier one."""
-    from helpers.views.hardware import png
+    from helpers.views.kit import png
     from helpers.views.simulator import BreakdownView
     app = small_app()
     app.on_run()

@@ -3,7 +3,8 @@ import ipywidgets
 import pytest
 
 from helpers.cost.memory import zero_memory_per_rank
-from helpers.views.dp import D_OPTIONS, human_bytes, widget_zero_memory, zero_memory_text
+from helpers.views.dp import D_OPTIONS, widget_zero_memory, zero_memory_text
+from helpers.views.kit import human_bytes
 
 
 @pytest.mark.parametrize("psi", [1e6, 1e12])

@@ -35,7 +35,7 @@ def test_a_move_of_t_only_moves_the_marker():
 
 def test_decade_labels_are_plain_text_powers_of_ten():
     """Log-axis tick labels without mathtext (cheap to lay out in a widget), still readable."""
-    from helpers.views.hardware import decade_label
+    from helpers.views.kit import decade_label
     assert [decade_label(v) for v in (1e-3, 0.1, 1, 10, 100, 1e3, 1e25)] == \
         ["10⁻³", "0.1", "1", "10", "100", "10³", "10²⁵"]
     assert decade_label(3e4) == "30000" and decade_label(0) == ""

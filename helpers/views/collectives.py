@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import atexit
 import html
-import io
 import queue
 import threading
 from dataclasses import dataclass
@@ -17,6 +16,7 @@ from matplotlib.figure import Figure
 
 from helpers.labs.collectives import expected, run_all
 from helpers.parallel.collectives import OPS, SPLITTING_OPS
+from helpers.views.kit import FULL_LABEL, png
 
 MAX_WIDGET_WORLD_SIZE = 8   # the world-size slider's end
 MAX_LENGTH = 16             # the length slider's end
@@ -161,12 +161,6 @@ def plot_collectives(results_by_op: dict[str, list[dict]], columns: int = 2,
     return fig
 
 
-def _png(fig: Figure, dpi: int) -> bytes:
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=dpi)
-    return buffer.getvalue()
-
-
 class CollectivesView:
     """The widget's callback without the widget: `update(world_size, length)` re-runs every
     collective on the live ranks (checked against `expected`: `run_all` raises if a rank
@@ -198,7 +192,7 @@ class CollectivesView:
     def _draw(self, world_size: int, length: int) -> bytes:
         results = {op: expected(op, world_size, length) for op in OPS
                    if not (op in SPLITTING_OPS and length % world_size)}
-        return _png(plot_collectives(results), self.dpi)
+        return png(plot_collectives(results), self.dpi)
 
     def picture(self, world_size: int, length: int) -> bytes:
         key = (world_size, length)
@@ -262,7 +256,7 @@ class CollectivesView:
 def widget_collectives(live) -> W.Widget:
     """Sliders for world size (1–8 ranks) and length (1–16 elements per rank), acting on
     release; reruns every collective on the live ranks and redraws."""
-    style = {"description_width": "initial"}
+    style = FULL_LABEL
     size = W.IntSlider(value=min(live.world_size, MAX_WIDGET_WORLD_SIZE), min=1,
                        max=MAX_WIDGET_WORLD_SIZE, description="world size (ranks)",
                        continuous_update=False, style=style)

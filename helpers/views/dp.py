@@ -7,6 +7,7 @@ from matplotlib.figure import Figure
 
 from helpers.cost.memory import MIXED_PRECISION_ADAM_BYTES, STAGES, zero_memory_per_rank
 from helpers.parallel.dp import TraceEvent
+from helpers.views.kit import FULL_LABEL, human_bytes
 
 COLOURS = {"forward": "#9ecae1", "backward": "#3182bd", "all_reduce": "#e6550d"}
 
@@ -44,14 +45,6 @@ def plot_timeline(traces: dict[str, list[list[TraceEvent]]]) -> Figure:
     return fig
 
 
-def human_bytes(n: float) -> str:
-    """Three significant digits in B, kB, MB, GB or TB (powers of 1000, as the ZeRO paper)."""
-    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if n >= scale:
-            return f"{n / scale:.3g} {unit}"
-    return f"{n:.3g} B"
-
-
 def zero_memory_text(psi: float, d: int, stage: int,
                      optimizer_bytes: float = MIXED_PRECISION_ADAM_BYTES) -> str:
     """The widget's table: every ZeRO stage's bytes per rank in human units, `stage` marked."""
@@ -73,7 +66,7 @@ D_OPTIONS = tuple(2**k for k in range(11))  # d = 1 … 1024 ranks, one notch pe
 def widget_zero_memory() -> w.Widget:
     """Sliders for Ψ (log scale), d (powers of two), stage and K (optimizer bytes per
     parameter) over zero_memory_text; they act on release."""
-    style, layout = {"description_width": "initial"}, w.Layout(width="560px")
+    style, layout = FULL_LABEL, w.Layout(width="560px")
     common = dict(continuous_update=False, style=style, layout=layout)
     return w.interactive(
         lambda psi, d, stage, optimizer_bytes: print(

@@ -9,6 +9,7 @@ from matplotlib.figure import Figure
 
 from helpers.models import MOE, MoEConfig
 from helpers.parallel.experts import RouterLoad, router_load
+from helpers.views.kit import FULL_LABEL
 
 CAPACITY_FACTORS = (0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 2.0, 3.0, 4.0)
 
@@ -54,10 +55,10 @@ def show_load(top_k: int, capacity_factor: float, skew: float, seed: int, e: int
 
 def widget_experts(e: int = 4, config: MoEConfig = MOE) -> w.VBox:
     """Top-k, capacity factor, router skew and seed; acts on release, redraws into its Output."""
-    common = dict(continuous_update=False, style={"description_width": "initial"},
+    common = dict(continuous_update=False, style=FULL_LABEL,
                   layout=w.Layout(width="520px"))
     top_k = w.ToggleButtons(options=[("top-1", 1), ("top-2", 2)], value=config.top_k,
-                            description="experts per token (k)", style={"description_width": "initial"})
+                            description="experts per token (k)", style=FULL_LABEL)
     factor = w.SelectionSlider(options=CAPACITY_FACTORS, value=1.25,
                                description="capacity factor (× balanced share)", **common)
     skew = w.FloatSlider(value=0.0, min=0.0, max=3.0, step=0.25,

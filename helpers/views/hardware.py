@@ -2,9 +2,6 @@
 lecture's picture of GPU nodes, and rooflines with their widget."""
 from __future__ import annotations
 
-import io
-import math
-
 import ipywidgets as W
 import numpy as np
 from matplotlib.figure import Figure
@@ -13,6 +10,7 @@ from matplotlib.patches import FancyBboxPatch, Rectangle
 from helpers.cost.roofline import Roofline, matmul_verdicts
 from helpers.hardware import HIERARCHY
 from helpers.hierarchy import capacity_text, latency_text, level, rate_text
+from helpers.views.kit import FULL_LABEL, Blitted
 
 WHERE_COLOURS = {"on the chip": "#6a3d9a", "beside the chip": "#1f78b4",
                  "inside a node": "#33a02c", "between nodes": "#e6550d"}
@@ -195,70 +193,6 @@ def roofline_text(roofs: list[Roofline], n: int, dtype: str) -> str:
            for v in matmul_verdicts(n, dtype, roofs)])
 
 
-_SUPERSCRIPT = str.maketrans("-0123456789", "⁻⁰¹²³⁴⁵⁶⁷⁸⁹")
-
-
-def decade_label(value: float, _pos=None) -> str:
-    """A log axis's tick label as plain text ("10³", "0.1" … "100"): matplotlib's default is
-    mathtext, whose layout is most of a small figure's draw time in a widget."""
-    if value <= 0:
-        return ""
-    exponent = round(math.log10(value))
-    if not math.isclose(value, 10.0 ** exponent, rel_tol=1e-9):
-        return f"{value:g}"
-    if -1 <= exponent <= 2:
-        return f"{value:g}"
-    return "10" + str(exponent).translate(_SUPERSCRIPT)
-
-
-def fixed_layout(ax, xlabel_y: float = -0.12, ylabel_x: float = -0.1) -> None:
-    """Pin the axis labels where fixed margins put them, so a redraw does not measure every tick
-    label to place them (with a title given an explicit y, the other half of a small figure's
-    draw time)."""
-    ax.xaxis.set_label_coords(0.5, xlabel_y)
-    ax.yaxis.set_label_coords(ylabel_x, 0.5)
-
-
-def png(fig: Figure, dpi: int = 80) -> bytes:
-    """The figure as PNG bytes (one draw; no tight bounding box, which draws twice)."""
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=dpi)
-    return buffer.getvalue()
-
-
-class Blitted:
-    """A figure drawn once; afterwards only `moving` artists are redrawn over the saved
-    background and the pixels encoded (what makes a slider move cheap)."""
-
-    def __init__(self, fig: Figure, moving: list, dpi: int = 80):
-        from matplotlib.backends.backend_agg import FigureCanvasAgg
-        fig.set_dpi(dpi)
-        self.figure, self.moving = fig, moving
-        self.canvas = FigureCanvasAgg(fig)
-        for artist in moving:
-            artist.set_animated(True)
-        self.canvas.draw()
-        fig.set_layout_engine("none")   # the layout is settled; do not redo it per frame
-        self.background = self.canvas.copy_from_bbox(fig.bbox)
-
-    def set_moving(self, artists: list) -> None:
-        """Draw these artists over the background from now on (in this order)."""
-        for artist in artists:
-            artist.set_animated(True)
-        self.moving = list(artists)
-
-    def png(self) -> bytes:
-        from PIL import Image
-        self.canvas.restore_region(self.background)
-        for artist in self.moving:
-            self.figure.draw_artist(artist)
-        buffer = io.BytesIO()
-        # zlib's fastest level: 40% less time to encode than the default, 15% more bytes
-        Image.fromarray(np.asarray(self.canvas.buffer_rgba())).save(buffer, format="png",
-                                                                     compress_level=1)
-        return buffer.getvalue()
-
-
 class RooflineView:
     """The roofline figure, built once; `update(n, dtype)` moves the marker and returns the
     PNG and the verdicts. (The widget's callback, callable without a browser.)"""
@@ -286,7 +220,7 @@ class RooflineView:
 def widget_roofline(roofs: list[Roofline]) -> W.Widget:
     """Matrix size (powers of two, acting on release) and dtype -> where an n×n×n matmul
     lands on each roofline, and which machines are compute- or memory-bound."""
-    style = {"description_width": "initial"}
+    style = FULL_LABEL
     size = W.SelectionSlider(options=[(f"{n:,}", n) for n in MATRIX_SIZES], value=1024,
                              description="matrix size n (n×n×n matmul)", style=style,
                              continuous_update=False, layout=W.Layout(width="480px"))

@@ -14,7 +14,7 @@ from helpers.cost.memory import (FP32_RUN, PRECISIONS, STAGES, ModelPreset, Plan
                                  plan_memory, preset)
 from helpers.models import TRANSFORMER, TransformerConfig
 from helpers.parallel.memory_run import SMALL, StageResult
-from helpers.views.dp import human_bytes
+from helpers.views.kit import FULL_LABEL, human_bytes
 
 PARTS = ("params", "grads", "optimizer", "activations")
 COLOURS = {"params": "#3182bd", "grads": "#e6550d", "optimizer": "#31a354",
@@ -170,7 +170,7 @@ def planner_figure(model: str, d: int, stage: int, checkpointed: bool, precision
 def widget_memory_planner(measured: list[MeasuredPoint] = ()) -> w.Widget:
     """Model, d (only the values the model allows), ZeRO stage, checkpointing and precision
     → planner_figure. Controls act on release; the figure is drawn, then shown."""
-    style, layout = {"description_width": "initial"}, w.Layout(width="620px")
+    style, layout = FULL_LABEL, w.Layout(width="620px")
     model = w.Dropdown(options=list(MODELS), value=MEASURED_MODEL, description="model",
                        style=style, layout=layout)
     d = w.SelectionSlider(options=d_options(MODELS[MEASURED_MODEL]), value=2,

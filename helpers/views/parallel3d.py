@@ -9,7 +9,7 @@ from matplotlib.patches import Patch
 from helpers.cost.parallel3d import Breakdown, Comparison, Layout, layout_problem, predict
 from helpers.parallel.layouts import run_layout
 from helpers.parallel.mesh import factorizations
-from helpers.views.pp import png_output, text_output
+from helpers.views.kit import png_output, text_output
 
 _COLOURS = {"compute": "tab:blue", "tp_comm": "tab:orange", "pp_comm": "tab:green",
             "dp_comm": "tab:red", "optimizer": "tab:brown"}

@@ -4,8 +4,6 @@
 """
 from __future__ import annotations
 
-import base64
-import io
 import math
 import threading
 from collections import OrderedDict
@@ -21,7 +19,7 @@ from helpers.cost.bubble import bubble_theory
 from helpers.models import LECTURE
 from helpers.parallel import pp
 from helpers.parallel.schedules import PIPELINE_SCHEDULES, Event
-from helpers.views.hardware import Blitted
+from helpers.views.kit import FULL_LABEL, Blitted, image_output, text_output
 
 MAX_WIDGET_WORLD_SIZE = 8  # the widget's largest p: still timed honestly in wait mode
 
@@ -214,24 +212,6 @@ class PipelineView:
         return blit.png()
 
 
-def png_output(fig: Figure) -> dict:
-    """A figure as one display_data output (PNG bytes encoded here, not by a display hook)."""
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=90)
-    return image_output(buffer.getvalue(), fig.axes[0].get_title() if fig.axes else "")
-
-
-def image_output(png_bytes: bytes, title: str = "") -> dict:
-    """PNG bytes as one display_data output."""
-    return {"output_type": "display_data", "metadata": {},
-            "data": {"image/png": base64.b64encode(png_bytes).decode("ascii"),
-                     "text/plain": f"<Figure: {title}>"}}
-
-
-def text_output(text: str) -> dict:
-    return {"output_type": "stream", "name": "stdout", "text": text + "\n"}
-
-
 def pipeline_outputs(schedule: str, p: int, m: int, ranks=None, t_f: float = WIDGET_T_F,
                      view: PipelineView | None = None) -> tuple[dict, ...]:
     """The widget's callback as a pure function: run (ranks) or simulate (ranks=None) one
@@ -255,7 +235,7 @@ def widget_pipeline(ranks=None, t_f: float = WIDGET_T_F) -> W.Widget:
     latest values, so two quick changes give one or two redraws, never a lost one; the
     picture is built after the run and put into the Output by setting its `outputs` (no
     matplotlib display hook involved)."""
-    style = {"description_width": "initial"}
+    style = FULL_LABEL
     out = W.Output(layout=W.Layout(min_height=f"{int(90 * _height(MAX_WIDGET_WORLD_SIZE))}px"))
     p = W.IntSlider(value=4, min=2, max=MAX_WIDGET_WORLD_SIZE, description="p (stages = ranks)",
                     continuous_update=False, style=style)

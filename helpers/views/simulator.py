@@ -22,7 +22,7 @@ from helpers.simulator.config import PRICES_USD, gpu_to_json, validate_gpu
 from helpers.simulator.curve import Curve, Point, run_curve
 from helpers.simulator.report import SECONDS_PER_MONTH, bubble_seconds, dumps, price_of
 from helpers.simulator.settings import BATCH_LAWS, SCHEDULES, Settings, validate_settings
-from helpers.views.hardware import Blitted, decade_label, fixed_layout, png
+from helpers.views.kit import FULL_LABEL, Blitted, decade_label, fixed_layout, png
 
 
 @dataclass
@@ -401,9 +401,6 @@ def same_configuration(a: Configuration, b: Configuration) -> bool:
 
 # --- the app ------------------------------------------------------------------------------
 
-_WIDE = {"description_width": "initial"}
-
-
 def _labelled(widget: W.Widget, label: str, unit: str = "", width: str = "100px") -> W.HBox:
     """A control with its full label in front and its unit behind (labels never cut)."""
     widget.layout = W.Layout(width=width)
@@ -427,36 +424,36 @@ class SimulatorApp:
         self._cache: dict[tuple, Curve] = {}
         self.months = W.FloatSlider(value=months, min=0.25, max=24, step=0.25,
                                     description="run duration (months)",
-                                    continuous_update=False, style=_WIDE,
+                                    continuous_update=False, style=FULL_LABEL,
                                     layout=W.Layout(width="420px"))
         self.threshold = W.FloatSlider(value=threshold, min=0.05, max=1.0, step=0.05,
                                        description="threshold τ (fraction of the MFU ceiling)",
-                                       continuous_update=False, style=_WIDE,
+                                       continuous_update=False, style=FULL_LABEL,
                                        layout=W.Layout(width="420px"))
         self.latency = W.FloatLogSlider(value=1, base=10, min=-2, max=1, step=0.25,
                                         description="every latency × (matmul and network)",
-                                        continuous_update=False, style=_WIDE, readout_format=".3g",
+                                        continuous_update=False, style=FULL_LABEL, readout_format=".3g",
                                         layout=W.Layout(width="420px"))
         self.bandwidth = W.FloatLogSlider(value=1, base=10, min=-1, max=2, step=0.25,
                                           description="every network bandwidth ×",
-                                          continuous_update=False, style=_WIDE,
+                                          continuous_update=False, style=FULL_LABEL,
                                           readout_format=".3g", layout=W.Layout(width="420px"))
         self.include = W.VBox()
         self.progress = W.FloatProgress(value=0, min=0, max=1, description="computing",
-                                        style=_WIDE)
+                                        style=FULL_LABEL)
         self.status = W.HTML()
         self.out_mfu, self.out_degrees, self.out_summary = W.Output(), W.Output(), W.Output()
         self.out_breakdown, self.download = W.Output(), W.HTML()
         self.mfu_scale = W.ToggleButtons(options=["MFU", "MFU ÷ ceiling"], value="MFU",
-                                         description="y axis", style=_WIDE,
+                                         description="y axis", style=FULL_LABEL,
                                          tooltips=["against peak FLOP/s",
                                                    "divided by each GPU's effective "
                                                    "utilization: one bar τ for all GPUs"])
-        self.degrees_choice = W.Dropdown(description="configuration", style=_WIDE)
-        self.breakdown_choice = W.Dropdown(description="configuration", style=_WIDE)
+        self.degrees_choice = W.Dropdown(description="configuration", style=FULL_LABEL)
+        self.breakdown_choice = W.Dropdown(description="configuration", style=FULL_LABEL)
         self._breakdown_views: dict[str, BreakdownView] = {}
         self.breakdown_point = W.IntSlider(description="grid point", min=0, max=0,
-                                           continuous_update=False, style=_WIDE)
+                                           continuous_update=False, style=FULL_LABEL)
         self._build_form()
         self._rebuild_include()
         for slider in (self.months, self.latency, self.bandwidth):
@@ -484,16 +481,16 @@ class SimulatorApp:
     # -- the form
     def _build_form(self) -> None:
         self.f_preset = W.Dropdown(options=list(PRESETS), value=H100_SXM.name,
-                                   description="start from the preset", style=_WIDE,
+                                   description="start from the preset", style=FULL_LABEL,
                                    layout=W.Layout(width="380px"))  # the longest name in full
-        self.f_name = W.Text(description="name", style=_WIDE)
+        self.f_name = W.Text(description="name", style=FULL_LABEL)
         self.f_gpu = {f: (W.IntText if kind is int else W.FloatText)()
                       for f, _, _, _, kind in GPU_FIELDS}
         gpu_rows = [_labelled(self.f_gpu[f], label, unit) for f, label, unit, _, _ in GPU_FIELDS]
         self.f_dsmem = W.Checkbox(description="distributed shared memory (Hopper's DSMEM)",
                                   indent=False, layout=W.Layout(width="auto"))
         self.f_levels = W.IntSlider(description="network levels", min=1, max=self.MAX_LEVELS,
-                                    style=_WIDE)
+                                    style=FULL_LABEL)
         self.f_level_rows = W.VBox()
         self.f_level_widgets: list[tuple] = []
         self.f_tpp = W.FloatText()
@@ -535,10 +532,10 @@ class SimulatorApp:
     def _level_row(self, bw=1e11, lat=1e-6, size=8):
         (_, l_bw, u_bw, s_bw), (_, l_lat, u_lat, s_lat), (_, l_size, _, _) = LEVEL_FIELDS
         return (W.FloatText(value=to_form_units(bw, s_bw), description=f"{l_bw} ({u_bw})",
-                            style=_WIDE, layout=W.Layout(width="440px")),  # ~140 px left for the input
+                            style=FULL_LABEL, layout=W.Layout(width="440px")),  # ~140 px left for the input
                 W.FloatText(value=to_form_units(lat, s_lat), description=f"{l_lat} ({u_lat})",
-                            style=_WIDE, layout=W.Layout(width="170px")),
-                W.IntText(value=size or 8, description=l_size, style=_WIDE,
+                            style=FULL_LABEL, layout=W.Layout(width="170px")),
+                W.IntText(value=size or 8, description=l_size, style=FULL_LABEL,
                           layout=W.Layout(width="190px")))
 
     def on_levels(self, change=None) -> None:

@@ -11,7 +11,7 @@ from matplotlib.patches import Rectangle
 
 from helpers.cost.tp import LAYOUTS, TPHardware, best_t, describe, tp_curve
 from helpers.parallel.tp import Comm, Holds, Layer, layout_schedule
-from helpers.views.hardware import Blitted, decade_label, fixed_layout
+from helpers.views.kit import FULL_LABEL, Blitted, decade_label, fixed_layout
 
 T_OPTIONS = (1, 2, 4, 8, 16, 32, 64)
 HIDDEN_OPTIONS = tuple(2**k for k in range(8, 16))   # 256 … 32768
@@ -128,7 +128,7 @@ def widget_when_tp_pays(choices: dict[str, TPHardware], t: int, hidden: int,
     """Sliders for t, h and b·s (powers of two, acting on release) and a link menu over a
     `TPCurveView`: the picture is an Image widget whose bytes are replaced, and the sentence an
     HTML widget, so nothing is cleared and displayed again."""
-    common = dict(continuous_update=False, style={"description_width": "initial"},
+    common = dict(continuous_update=False, style=FULL_LABEL,
                   layout=w.Layout(width="520px"))  # act on release: no queue of redraws
     controls = dict(
         t=w.SelectionSlider(options=T_OPTIONS, value=t, description="t (tensor degree)", **common),
@@ -137,7 +137,7 @@ def widget_when_tp_pays(choices: dict[str, TPHardware], t: int, hidden: int,
         tokens=w.SelectionSlider(options=TOKEN_OPTIONS, value=tokens,
                                  description="b·s (tokens per step)", **common),
         hardware=w.Dropdown(options=list(choices), description="GPUs and links",
-                            style={"description_width": "initial"},
+                            style=FULL_LABEL,
                             layout=w.Layout(width="520px")))
     view = TPCurveView(choices)
     image = w.Image(format="png", layout=w.Layout(width="512px"))
