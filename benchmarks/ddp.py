@@ -27,7 +27,7 @@ import argparse
 import json
 import statistics
 
-from helpers.models import MLPConfig
+from helpers.configs import MLPConfig
 from helpers.labs import dp as dp_lab
 from helpers.ranks import LiveRanks, cpu_cores, threads_per_rank
 from helpers.timing import Measurement

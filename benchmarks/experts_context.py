@@ -24,7 +24,7 @@ import json
 import statistics
 
 from helpers.cost import context as cost_context
-from helpers.models import MOE
+from helpers.configs import MOE
 from helpers.parallel import experts as ep
 from helpers.parallel import ring_attention as ra
 from helpers.ranks import LiveRanks, cpu_cores

@@ -18,7 +18,7 @@ import os
 
 from helpers.checks import check_int
 from helpers.cost.parallel3d import LAYOUTS_4, summary, table
-from helpers.models import TRANSFORMER
+from helpers.configs import TRANSFORMER
 from helpers.parallel.layouts import measure
 from helpers.ranks import LiveRanks
 

@@ -16,7 +16,7 @@ import argparse
 import json
 import statistics
 
-from helpers.models import LECTURE
+from helpers.configs import LECTURE
 from helpers.parallel import tp
 from helpers.ranks import LiveRanks, cpu_cores, threads_per_rank
 from helpers.timing import Measurement

@@ -212,7 +212,7 @@ def check_dp_ring_bytes(answer: float) -> Verdict:
     """Bytes each of d = 4 ranks sends per step to all-reduce the lecture MLP's fp32 gradients
     (Ψ = 4·1024² parameters) with a ring."""
     from helpers.cost.alpha_beta import OPS
-    from helpers.models import LECTURE
+    from helpers.configs import LECTURE
     gradient = LECTURE.parameters * 4  # Ψ fp32 gradients = 16 MiB
     expected = OPS["all_reduce"].bus_factor(4) * gradient
     if close_to(answer, expected):
@@ -256,7 +256,7 @@ def check_dp_zero1_gb(answer: float) -> Verdict:
 def check_tp_megatron_bytes(answer: float) -> Verdict:
     """Bytes each rank sends per training step, Megatron layout, lecture MLP (L = 4, b = 128,
     h = 1024, fp32), t = 8, ring all-reduces."""
-    from helpers.models import LECTURE
+    from helpers.configs import LECTURE
     from helpers.parallel.tp import formula_bytes
     n = LECTURE.batch * LECTURE.hidden * 4
     expected = formula_bytes("megatron", 8, LECTURE)

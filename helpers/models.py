@@ -3,49 +3,25 @@
 The running example of notebooks 03-05 is the lecture's (CS336 lecture 8): a deep MLP of
 `layers` square matrices with a GELU after each, trained on a batch of random inputs, with the
 loss "average squared magnitude" of the output. `MLPConfig` holds its sizes; `LECTURE` is
-the lecture's own (b = 128 rows, h = 1024, 4 layers). Data, tensor and pipeline parallelism
+the lecture's own (b = 128 rows, h = 1024, 4 layers); every configuration lives in
+`helpers.configs`, torch-free. Data, tensor and pipeline parallelism
 all build from `make_mlp` and `make_batch`: DP shards the batch, TP shards every weight,
 PP slices the layers.
 """
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from helpers.checks import check_divisible, check_int, check_number
+from helpers.checks import check_divisible
+from helpers.configs import LECTURE, MOE, TRANSFORMER, MLPConfig, MoEConfig, TransformerConfig
 from helpers.cost.experts import capacity as expert_capacity
 from helpers.cost.parallel3d import TransformerFlops, forward_flops
-
-
-@dataclass(frozen=True)
-class MLPConfig:
-    """Sizes and seed of the running example; every default in the course comes from here."""
-    batch: int = 128      # rows of the full batch (the global batch, before any split)
-    hidden: int = 1024    # h: every weight is h × h
-    layers: int = 4       # Linear + GELU blocks
-    seed: int = 0         # weights use it; the batch uses seed + 1
-
-    def __post_init__(self):
-        for name in ("batch", "hidden", "layers"):
-            check_int(name, getattr(self, name))
-        check_int("seed", self.seed, low=0)
-
-    def with_(self, **changes) -> "MLPConfig":
-        """A copy with some fields changed (validated like the original)."""
-        return replace(self, **changes)
-
-    @property
-    def parameters(self) -> int:
-        """Ψ, the number of parameters: layers · h²."""
-        return self.layers * self.hidden ** 2
-
-
-LECTURE = MLPConfig()
 
 
 def make_mlp(config: MLPConfig = LECTURE) -> nn.Sequential:
@@ -95,50 +71,6 @@ def mlp_loss(output: torch.Tensor, numel: int | None = None) -> torch.Tensor:
 # nn.Linear with a name (attn.q/k/v/out, mlp.up/down), so tensor parallelism can swap Q, K, V
 # and `up` for column-parallel Linears and `out` and `down` for row-parallel ones, and call
 # `causal_attention` on its local heads.
-
-
-@dataclass(frozen=True)
-class TransformerConfig:
-    """Sizes and seed of notebook 07's decoder. The defaults run a forward + backward on one
-    CPU core in a fraction of a second; the lecture's MLP sizes are one `with_` away,
-    e.g. `TransformerConfig().with_(hidden=LECTURE.hidden, layers=LECTURE.layers)`."""
-    vocab: int = 1024     # V: token ids 0 … V−1
-    hidden: int = 256     # h: the residual stream's width
-    heads: int = 4        # attention heads; each gets h / heads dimensions
-    layers: int = 4       # L: decoder blocks
-    seq: int = 128        # s: tokens per sequence (and the positional table's length)
-    batch: int = 8        # sequences in the full batch (the global batch, before any split)
-    seed: int = 0         # weights use it; the tokens use seed + 1
-
-    def __post_init__(self):
-        for name in ("vocab", "hidden", "heads", "layers", "seq", "batch"):
-            check_int(name, getattr(self, name))
-        check_int("seed", self.seed, low=0)
-        check_divisible("hidden", self.hidden, self.heads, "every head gets hidden/heads dims")
-
-    def with_(self, **changes) -> "TransformerConfig":
-        """A copy with some fields changed (validated like the original)."""
-        return replace(self, **changes)
-
-    @property
-    def head_dim(self) -> int:
-        return self.hidden // self.heads
-
-    @property
-    def tokens(self) -> int:
-        """n = batch · s, the tokens of one step."""
-        return self.batch * self.seq
-
-    @property
-    def parameters(self) -> int:
-        """Ψ: embeddings V·h + s·h; per block 12·h² + 4·h (Q, K, V, out: 4·h²; MLP: 8·h²;
-        two LayerNorms: 4·h); final LayerNorm 2·h; LM head h·V."""
-        h = self.hidden
-        return (self.vocab * h + self.seq * h + self.layers * (12 * h * h + 4 * h)
-                + 2 * h + h * self.vocab)
-
-
-TRANSFORMER = TransformerConfig()
 
 
 def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, heads: int) -> torch.Tensor:
@@ -320,43 +252,6 @@ def transformer_flops(config: TransformerConfig = TRANSFORMER) -> TransformerFlo
 # `groups` cuts the tokens into groups with a capacity each (GShard's G): an expert-parallel
 # rank routes its own tokens with its own capacity, so the one-process layer with groups = e
 # makes exactly the same choices as e ranks.
-
-
-@dataclass(frozen=True)
-class MoEConfig:
-    """Sizes and router settings of notebook 09's mixture-of-experts MLP."""
-    hidden: int = 64               # h: a token's width
-    experts: int = 4               # E
-    top_k: int = 1                 # k: experts per token (1: Switch, 2: GShard)
-    capacity_factor: float = 1.25  # capacity = ⌈cf · tokens·k / E⌉ per group
-    tokens: int = 256              # n: tokens of the full batch (`make_moe_batch`)
-    groups: int = 1                # capacity groups (an expert-parallel run: e)
-    skew: float = 0.0              # router bias −skew·i on expert i: 0 fair, larger favours expert 0
-    aux_weight: float = 0.01       # weight of the load-balancing loss in `moe_loss`
-    seed: int = 0                  # weights use it; the batch uses seed + 1
-
-    def __post_init__(self):
-        for name in ("hidden", "experts", "tokens", "groups"):
-            check_int(name, getattr(self, name))
-        check_int("top_k", self.top_k, 1, min(2, self.experts))
-        check_number("capacity_factor", self.capacity_factor, 0, low_inclusive=False)
-        check_number("skew", self.skew, 0, 10)
-        check_number("aux_weight", self.aux_weight, 0)
-        check_int("seed", self.seed, low=0)
-        check_divisible("tokens", self.tokens, self.groups, "every capacity group gets as many tokens")
-
-    def with_(self, **changes) -> "MoEConfig":
-        """A copy with some fields changed (validated like the original)."""
-        return replace(self, **changes)
-
-    @property
-    def capacity(self) -> int:
-        """Token slots one expert takes from one group."""
-        return expert_capacity(self.tokens // self.groups, self.experts, self.top_k,
-                               self.capacity_factor)
-
-
-MOE = MoEConfig()
 
 
 class Routing(NamedTuple):

@@ -16,7 +16,7 @@ import sys
 import torch
 import torch.distributed as dist
 
-from helpers.parallel import collectives
+from helpers.labs import collectives
 from helpers.ranks import pin_transports
 
 DEMOS = {

@@ -21,7 +21,7 @@ def test_forward_flops_by_hand():
 
 
 def test_stage_parameters_by_hand_and_they_add_up_to_the_model():
-    from helpers.models import TransformerConfig
+    from helpers.configs import TransformerConfig
     lay = Layout(1, 2, 2, 4)
     # stage 0: 2 blocks × (12·16/2 + 4·4) + embeddings 8·4 + 3·4; stage 1: 2 blocks + 2·4 + 4·8
     assert stage_parameters(lay, TINY, 0) == 2 * (96 + 16) + 32 + 12 == 268
@@ -149,7 +149,7 @@ def test_views_draw(monkeypatch):
     box = figs[1].axes[0].get_legend().get_window_extent(figs[1].canvas.get_renderer())
     assert box.x0 >= figs[1].axes[0].get_window_extent().x1
     plt.close("all")
-    from helpers.models import TRANSFORMER
+    from helpers.configs import TRANSFORMER
     from helpers.views import parallel3d as views
     # This calibration prices TINY's shapes only: the widget offers none of the decoder's.
     assert not views._priced(Layout(4, 1, 1, 2), TRANSFORMER, _calibration(4.0))

@@ -9,7 +9,8 @@ import torch.distributed as dist
 from matplotlib.figure import Figure
 from torch import nn
 
-from helpers.models import MLPConfig, make_batch, make_mlp, mlp_loss
+from helpers.configs import MLPConfig
+from helpers.models import make_batch, make_mlp, mlp_loss
 from helpers.parallel import dp
 from helpers.labs import dp as dp_lab
 from helpers.parallel.groups import split_groups

@@ -8,8 +8,9 @@ import pytest
 import torch
 
 from helpers.cost.experts import sent_bytes
-from helpers.models import (MOE, TRANSFORMER, MoE, make_moe_batch, make_moe_transformer,
-                            make_tokens, moe_loss, moe_transformer_loss, route)
+from helpers.configs import MOE, TRANSFORMER
+from helpers.models import (MoE, make_moe_batch, make_moe_transformer, make_tokens, moe_loss,
+                            moe_transformer_loss, route)
 from helpers.parallel import experts as ep
 from helpers.ranks import LiveRanks
 

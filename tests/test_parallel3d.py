@@ -5,7 +5,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from helpers.models import TRANSFORMER, lm_loss, make_tokens, make_transformer
+from helpers.configs import TRANSFORMER
+from helpers.models import lm_loss, make_tokens, make_transformer
 from helpers.parallel import parallel3d as p3
 from helpers.parallel.groups import split_groups
 from helpers.parallel.mesh import factorizations

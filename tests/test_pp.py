@@ -10,7 +10,7 @@ matplotlib.use("Agg")
 from matplotlib.figure import Figure  # noqa: E402
 
 from helpers.cost.bubble import bubble_theory, measured_bubble  # noqa: E402
-from helpers.models import LECTURE  # noqa: E402
+from helpers.configs import LECTURE
 from helpers.parallel import pp  # noqa: E402
 from helpers.parallel.groups import split_groups  # noqa: E402
 from helpers.parallel.schedules import (Action, Event, check_event_log, make_plan,  # noqa: E402

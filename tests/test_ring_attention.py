@@ -4,7 +4,7 @@ side (global ranks); the context-parallel decoder; the online softmax alone; bad
 import pytest
 import torch
 
-from helpers.models import TRANSFORMER
+from helpers.configs import TRANSFORMER
 from helpers.parallel import ring_attention as ra
 from helpers.parallel.groups import split_groups
 from helpers.ranks import LiveRanks

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from helpers.cost.tp import formula_collectives
-from helpers.models import LECTURE, make_batch, make_mlp
+from helpers.configs import LECTURE
+from helpers.models import make_batch, make_mlp
 from helpers.parallel import tp
 from helpers.ranks import LiveRanks
 

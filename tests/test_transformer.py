@@ -6,8 +6,9 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
-from helpers.models import (TRANSFORMER, TransformerConfig, causal_attention, lm_loss,
-                            make_tokens, make_transformer, transformer_flops)
+from helpers.configs import TRANSFORMER, TransformerConfig
+from helpers.models import (causal_attention, lm_loss, make_tokens, make_transformer,
+                            transformer_flops)
 
 SMALL = TRANSFORMER.with_(vocab=64, hidden=32, heads=4, layers=2, seq=16, batch=2)
 

@@ -12,7 +12,8 @@ from torch import nn
 
 from helpers.checks import check_choice, check_divisible, check_int, check_number
 from helpers.cost.memory import FP32_ADAM_BYTES, zero_memory_per_rank
-from helpers.models import LECTURE, MLPConfig, make_batch, make_mlp, mlp_loss
+from helpers.configs import LECTURE, MLPConfig
+from helpers.models import make_batch, make_mlp, mlp_loss
 from helpers.optimizers import make_optimizer, optimizer_spec
 from helpers.parallel.dp import VARIANTS, TraceEvent, shard, wrap
 from helpers.parallel.groups import all_reduce_mean, group_rank, group_size, rank_device

@@ -30,7 +30,8 @@ from helpers.cost.parallel3d import (BYTES_PER_FLOAT, LAYOUTS_4, Breakdown, Cali
                                      Comparison, Layout, Shape, activation_bytes, check_layout,
                                      measured_breakdown, predict, stage_parameters,
                                      stages_used, shapes_used)
-from helpers.models import TRANSFORMER, Block, Head, Transformer, TransformerConfig, lm_loss
+from helpers.configs import TRANSFORMER, TransformerConfig
+from helpers.models import Block, Head, Transformer, lm_loss
 from helpers.optimizers import make_optimizer
 from helpers.parallel.groups import split_groups
 from helpers.parallel.parallel3d import Rank3D, Stage, Trainer3D, check_3d, cpu_tensors

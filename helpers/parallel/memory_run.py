@@ -19,20 +19,18 @@ import torch.distributed as dist
 from torch.profiler import record_function
 
 from helpers.checks import check_choice, check_divisible, check_int
+from helpers.configs import SMALL
 from helpers.cost.alpha_beta import OPS
 from helpers.cost.memory import (FP32_RUN, MIXED_RUN, STAGES, ZeroMemory, comm_volume,
                                  zero_memory_for)
-from helpers.models import (TransformerConfig, lm_loss, make_tokens, make_transformer,
-                            transformer_forward)
+from helpers.configs import TransformerConfig
+from helpers.models import lm_loss, make_tokens, make_transformer, transformer_forward
 from helpers.parallel.dp import shard
 from helpers.parallel.fsdp import FSDP
 from helpers.parallel.groups import group_rank, group_size
 from helpers.parallel.memory import CommLog, PeakMemory, Phase, SavedActivations, state_bytes
 from helpers.parallel.zero import ZeroDP
 
-# Notebook 08's model: notebook 07's decoder, small enough that 4 ranks train it on 2 cores
-# in a fraction of a second per step (Ψ = 464,128).
-SMALL = TransformerConfig(vocab=256, hidden=128, heads=4, layers=2, seq=32, batch=8)
 # AdamW takes steps of about lr whatever the gradient's size, so an element whose gradient is
 # near zero moves by ±lr on rounding alone: lr = 1e-3 keeps that inside assert_close's 1e-5
 # after 3 steps. Adam is blind to a gradient's scale (a sum where a mean belongs trains the

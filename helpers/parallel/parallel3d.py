@@ -42,8 +42,8 @@ import torch.distributed as dist
 from torch import nn
 
 from helpers.checks import check_choice, check_divisible, check_int, check_number
-from helpers.models import (TRANSFORMER, Block, Transformer, TransformerConfig, lm_loss,
-                            make_tokens, make_transformer)
+from helpers.configs import TRANSFORMER, TransformerConfig
+from helpers.models import Block, Transformer, lm_loss, make_tokens, make_transformer
 from helpers.optimizers import OPTIMIZERS, make_optimizer
 from helpers.parallel.dp import BucketedDDP, shard
 from helpers.parallel.groups import all_reduce_mean, rank_device

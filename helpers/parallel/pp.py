@@ -30,7 +30,8 @@ import torch.distributed as dist
 from helpers import ranks as live_ranks
 from helpers.checks import check_choice, check_divisible, check_int, check_number
 from helpers.cost.bubble import bubble_theory, measured_bubble
-from helpers.models import LECTURE, MLPConfig, make_batch, make_mlp, mlp_layers, mlp_loss
+from helpers.configs import LECTURE, MLPConfig
+from helpers.models import make_batch, make_mlp, mlp_layers, mlp_loss
 from helpers.parallel.groups import global_rank, group_rank, group_size, rank_device
 from helpers.parallel.schedules import (Action, Event, Step, check_schedule_args, dependency,
                                         make_plan, peak_live, simulate, stage_of)

@@ -36,29 +36,11 @@ import torch.distributed as dist
 from torch import nn
 
 from helpers.checks import check_choice, check_int, check_number
+from helpers.configs import RING, RingConfig
 from helpers.cost.context import LAYOUTS, block_pairs, check_split, chunks_of, ring_bytes
-from helpers.models import (TRANSFORMER, Attention, TransformerConfig, lm_loss, make_tokens,
-                            make_transformer)
+from helpers.configs import TRANSFORMER, TransformerConfig
+from helpers.models import Attention, lm_loss, make_tokens, make_transformer
 from helpers.parallel.groups import global_rank, group_rank, group_size
-
-
-@dataclass(frozen=True)
-class RingConfig:
-    """Shapes of one attention call: q, k and v are (batch, heads, seq, head_dim)."""
-    batch: int = 2
-    heads: int = 2
-    seq: int = 256
-    head_dim: int = 32
-    seed: int = 0
-
-    def __post_init__(self):
-        for name in ("batch", "heads", "seq", "head_dim"):
-            check_int(name, getattr(self, name))
-        check_int("seed", self.seed, low=0)
-
-
-RING = RingConfig()
-
 
 # ----------------------------------------------------------------------------------------
 # What each rank did when: compute spans, waits and bytes sent (timelines, idle time).

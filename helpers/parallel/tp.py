@@ -39,7 +39,8 @@ import torch.nn.functional as F
 from helpers.checks import check_choice, check_divisible, check_int
 from helpers.cost.alpha_beta import OPS
 from helpers.cost.tp import LAYOUTS, check_degree, formula_collectives
-from helpers.models import LECTURE, MLPConfig, make_batch, make_mlp, mlp_loss
+from helpers.configs import LECTURE, MLPConfig
+from helpers.models import make_batch, make_mlp, mlp_loss
 from helpers.parallel.groups import (CallLog, all_gather_into, group_rank, group_size,
                                      rank_device, reduce_scatter_into, split_groups)
 from helpers.timing import Measurement, measure

@@ -7,7 +7,7 @@ import ipywidgets as w
 from IPython.display import display
 from matplotlib.figure import Figure
 
-from helpers.models import MOE, MoEConfig
+from helpers.configs import MOE, MoEConfig
 from helpers.parallel.experts import RouterLoad, router_load
 from helpers.views.kit import FULL_LABEL
 

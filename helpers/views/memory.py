@@ -12,8 +12,8 @@ from matplotlib.figure import Figure
 from helpers.checks import check_choice
 from helpers.cost.memory import (FP32_RUN, PRECISIONS, STAGES, ModelPreset, PlannedMemory,
                                  plan_memory, preset)
-from helpers.models import TRANSFORMER, TransformerConfig
-from helpers.parallel.memory_run import SMALL, StageResult
+from helpers.configs import SMALL, TRANSFORMER, TransformerConfig
+from helpers.parallel.memory_run import StageResult
 from helpers.views.kit import FULL_LABEL, human_bytes
 
 PARTS = ("params", "grads", "optimizer", "activations")

@@ -16,7 +16,7 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
 from helpers.cost.bubble import bubble_theory
-from helpers.models import LECTURE
+from helpers.configs import LECTURE
 from helpers.parallel import pp
 from helpers.parallel.schedules import PIPELINE_SCHEDULES, Event
 from helpers.views.kit import FULL_LABEL, Blitted, image_output, text_output
