@@ -15,10 +15,11 @@ import json
 import os
 import sys
 
-from helpers import bench
 from helpers.checks import check_int
-from helpers.timing import format_seconds
+from helpers.cost import bench as cost
 from helpers.cost.alpha_beta import OPS
+from helpers.labs import bench as lab
+from helpers.timing import format_seconds
 from helpers.run import pin_transports_to_loopback_if_single_machine
 
 RESULT_KEYS = ("op", "bytes", "time_s", "algbw_GBps", "busbw_GBps", "predicted_s", "rel_error")
@@ -48,8 +49,8 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def _sizes(args) -> tuple[int, ...]:
     if args.sizes:
-        return tuple(bench.parse_size(s) for s in args.sizes)
-    return bench.FULL_SIZES if args.full else bench.DEFAULT_SIZES
+        return tuple(cost.parse_size(s) for s in args.sizes)
+    return cost.FULL_SIZES if args.full else cost.DEFAULT_SIZES
 
 
 def _under_torchrun() -> bool:
@@ -58,18 +59,18 @@ def _under_torchrun() -> bool:
 
 def report(records: list[dict], world_size: int, cores_per_rank, backend: str, save: bool) -> dict:
     """Print the human-readable lines, then return the JSON object."""
-    fits = bench.fit_sweep(records)
-    rows = bench.result_rows(records, fits)
-    labels = bench.op_labels(records)
+    fits = cost.fit_sweep(records)
+    rows = cost.result_rows(records, fits)
+    labels = cost.op_labels(records)
     for record in records:
-        print(bench.measurement(record),
-              f"; 10th percentile {format_seconds(bench.uncontended_time(record))} (the fit's)")
-    print(bench.format_table(rows, labels))
-    for line in bench.fit_lines(fits, labels):
+        print(cost.measurement(record),
+              f"; 10th percentile {format_seconds(cost.uncontended_time(record))} (the fit's)")
+    print(cost.format_table(rows, labels))
+    for line in cost.fit_lines(fits, labels):
         print("fit", line)
-    if bench.reduce_scatter_is_emulated(records):
+    if cost.reduce_scatter_is_emulated(records):
         print(f"note: reduce_scatter on {backend} costs an all-reduce here (see notebook 02)")
-    median = bench.median_rel_error(rows)
+    median = cost.median_rel_error(rows)
     print(f"median |predicted - measured| / measured = {median:.1%}")
     if save:
         from helpers.cost.alpha_beta import save_fit
@@ -85,13 +86,13 @@ def run_local(args) -> dict:
     from helpers.ranks import LiveRanks, cpu_cores, resolve_backend
     world_size = 2 if args.world_size is None else args.world_size
     sizes = _sizes(args)
-    bench.plan_sweep(args.ops, sizes, (world_size,))   # bad input stops here, before any process
+    lab.plan_sweep(args.ops, sizes, (world_size,))  # bad input stops here, before any process
     backend = resolve_backend(args.backend, world_size)
-    print(bench.cores_line(backend, world_size))
+    print(lab.cores_line(backend, world_size))
     with LiveRanks(world_size, backend=backend) as ranks:
-        records = bench.run_sweep(ranks, args.ops, sizes, (world_size,), iters=args.iters,
-                                  warmup=args.warmup, rounds=args.rounds,
-                                  progress=sys.stderr.isatty())
+        records = lab.run_sweep(ranks, args.ops, sizes, (world_size,), iters=args.iters,
+                                warmup=args.warmup, rounds=args.rounds,
+                                progress=sys.stderr.isatty())
     cores = None if backend == "nccl" else round(cpu_cores() / world_size, 3)
     return report(records, world_size, cores, backend, args.save)
 
@@ -107,7 +108,7 @@ def run_torchrun(args) -> dict | None:
         raise ValueError(f"--world-size {args.world_size} disagrees with torchrun's "
                          f"WORLD_SIZE={world_size}; drop it or make them equal")
     sizes = _sizes(args)
-    plan = bench.plan_sweep(args.ops, sizes, (world_size,))
+    plan = lab.plan_sweep(args.ops, sizes, (world_size,))
     check_int("--iters", args.iters, 1)
     check_int("--warmup", args.warmup, 0)
     check_int("--rounds", args.rounds, 1)
@@ -119,13 +120,13 @@ def run_torchrun(args) -> dict | None:
     dist.init_process_group(backend, init_method="env://")
     try:
         if rank == 0:
-            print(bench.cores_line(backend, local_ranks) + f" (x{world_size // local_ranks} nodes)"
-                  if world_size != local_ranks else bench.cores_line(backend, world_size))
+            print(lab.cores_line(backend, local_ranks) + f" (x{world_size // local_ranks} nodes)"
+                  if world_size != local_ranks else lab.cores_line(backend, world_size))
         records = []
         for op in dict.fromkeys(op for _, op, _ in plan):
             points = [n for _, o, n in plan if o == op]
-            records += bench.time_collective(rank, world_size, op, points, args.iters,
-                                             args.warmup, args.rounds)
+            records += lab.time_collective(rank, world_size, op, points, args.iters,
+                                           args.warmup, args.rounds)
         if rank != 0:
             return None
         cores = None if backend == "nccl" else round(cpu_cores() / local_ranks, 3)

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from helpers.cost import alpha_beta as ab
-from helpers import bench
+from helpers.cost import bench as cost
+from helpers.labs import bench as lab
 from helpers.parallel.groups import split_groups
 from helpers.ranks import LiveRanks
 from helpers.views.bench import MAX_WIDGET_WORLD_SIZE, plot_sweep, widget_sweep
@@ -18,7 +19,7 @@ PAIRS = [[0, 1], [2, 3]]
 def time_in_pairs(rank, world_size, ops, nbytes):
     """Rank function: time every op inside this rank's pair of PAIRS, both pairs at once."""
     group = split_groups(PAIRS)
-    return [bench.time_collective(rank, world_size, op, nbytes, iters=2, warmup=1, group=group)[0]
+    return [lab.time_collective(rank, world_size, op, nbytes, iters=2, warmup=1, group=group)[0]
             for op in ops]
 
 
@@ -59,7 +60,7 @@ def _synthetic(op, alpha, beta, noise=0.0, seed=0):
     rng = np.random.default_rng(seed)
     points = []
     for p in (2, 4, 8):
-        for n in bench.FULL_SIZES:
+        for n in cost.FULL_SIZES:
             t = ab.predict(op, p, n, alpha, beta) * (1 + noise * rng.standard_normal())
             points.append((p, n, t))
     return points
@@ -119,7 +120,7 @@ def test_save_and_load_fit(tmp_path):
 # -- the lecture's numbers -------------------------------------------------------------
 
 def test_lecture_numbers_are_gib_and_a_missing_factor_p():
-    ar, rs = bench.explain_lecture_numbers()
+    ar, rs = cost.explain_lecture_numbers()
     # 277 "GB/s" printed = 277 GiB/s = 297.4 GB/s; its formula is nccl-tests' busbw.
     assert ar["printed_in_GB"] == pytest.approx(297.4265, rel=1e-5)
     assert ar["nccl_busbw_GBps"] == pytest.approx(297.4265, rel=1e-5)
@@ -130,7 +131,7 @@ def test_lecture_numbers_are_gib_and_a_missing_factor_p():
 
 
 def test_lecture_formulas_beside_nccl_tests_on_one_measurement():
-    ar, rs = bench.lecture_vs_nccl_tests(all_reduce_s=0.01, reduce_scatter_s=0.01, n_bytes=2**24, p=4)
+    ar, rs = cost.lecture_vs_nccl_tests(all_reduce_s=0.01, reduce_scatter_s=0.01, n_bytes=2**24, p=4)
     assert ar["busbw_over_lecture"] == pytest.approx(2**30 / 1e9)
     assert rs["busbw_over_lecture"] == pytest.approx(4 * 2**30 / 1e9)
 
@@ -143,24 +144,24 @@ def test_uncontended_time_is_the_fast_mode_of_a_bimodal_record():
     for waited in (0, 30, 55, 85):
         times = [300e-6 + 1e-6 * i for i in range(100 - waited)] + [4.3e-3] * waited
         record = {"times_s": times}
-        assert bench.uncontended_time(record) == pytest.approx(300e-6, rel=0.05)
-    assert bench.median_time(record) == pytest.approx(4.3e-3)
+        assert cost.uncontended_time(record) == pytest.approx(300e-6, rel=0.05)
+    assert cost.median_time(record) == pytest.approx(4.3e-3)
 
 
 def test_iteration_counts_shrink_with_size_and_split_over_rounds():
-    assert bench.iterations_for(1024, 100) == 100
-    assert bench.iterations_for(2**20, 100) == 100
-    assert bench.iterations_for(4 * 2**20, 100) == 25
-    assert bench.iterations_for(64 * 2**20, 100) == 5          # never fewer than 5 ...
-    assert bench.iterations_for(64 * 2**20, 3) == 3            # ... unless fewer were asked
-    assert bench.per_round(1024, 100, 5) == 20
-    assert bench.per_round(64 * 2**20, 100, 5) == 1
-    assert bench.per_round(4 * 2**20, 100, 3) == 9             # rounded up: 27 calls
+    assert cost.iterations_for(1024, 100) == 100
+    assert cost.iterations_for(2**20, 100) == 100
+    assert cost.iterations_for(4 * 2**20, 100) == 25
+    assert cost.iterations_for(64 * 2**20, 100) == 5          # never fewer than 5 ...
+    assert cost.iterations_for(64 * 2**20, 3) == 3            # ... unless fewer were asked
+    assert cost.per_round(1024, 100, 5) == 20
+    assert cost.per_round(64 * 2**20, 100, 5) == 1
+    assert cost.per_round(4 * 2**20, 100, 3) == 9             # rounded up: 27 calls
 
 
 def test_scheduler_waits_reports_threads(ranks):
     ranks.resize(2)
-    result = ranks.run(bench.scheduler_waits, 1024, 20)[0]
+    result = ranks.run(lab.scheduler_waits, 1024, 20)[0]
     if result is None:
         pytest.skip("no /proc/self/task here")
     assert len(result["times_s"]) == 20 and result["elapsed_s"] > 0
@@ -181,11 +182,11 @@ def _records(rs_over_ar):
 
 
 def test_reduce_scatter_emulation_is_detected_from_the_ratio():
-    assert bench.reduce_scatter_is_emulated(_records(1.1)) is True
-    assert "all-reduce inside" in bench.op_labels(_records(1.1))["reduce_scatter"]
-    assert bench.reduce_scatter_is_emulated(_records(0.5)) is False
-    assert bench.op_labels(_records(0.5))["reduce_scatter"] == "reduce_scatter"
-    assert bench.reduce_scatter_is_emulated(_records(1.1)[:2]) is None  # only 1 KiB measured
+    assert cost.reduce_scatter_is_emulated(_records(1.1)) is True
+    assert "all-reduce inside" in cost.op_labels(_records(1.1))["reduce_scatter"]
+    assert cost.reduce_scatter_is_emulated(_records(0.5)) is False
+    assert cost.op_labels(_records(0.5))["reduce_scatter"] == "reduce_scatter"
+    assert cost.reduce_scatter_is_emulated(_records(1.1)[:2]) is None  # only 1 KiB measured
 
 
 # -- bad inputs: one clear error, before any process starts ----------------------------
@@ -206,7 +207,7 @@ def test_reduce_scatter_emulation_is_detected_from_the_ratio():
 def test_bad_sweep_input_raises_before_starting_ranks(kwargs, match):
     idle = LiveRanks(2)
     with pytest.raises(ValueError, match=match):
-        bench.run_sweep(idle, **{"progress": False, **kwargs})
+        lab.run_sweep(idle, **{"progress": False, **kwargs})
     assert idle.pids == []
 
 
@@ -219,32 +220,32 @@ def test_bad_benchmark_input_raises_before_starting_ranks():
 
 
 def test_parse_size():
-    assert [bench.parse_size(s) for s in ("4096", "4KiB", "1 MiB", "1MB", "1e3")] == \
+    assert [cost.parse_size(s) for s in ("4096", "4KiB", "1 MiB", "1MB", "1e3")] == \
         [4096, 4096, 2**20, 10**6, 1000]
     with pytest.raises(ValueError, match="sizes must be whole bytes"):
-        bench.parse_size("four")
+        cost.parse_size("four")
     with pytest.raises(ValueError, match="sizes must be whole bytes"):
-        bench.parse_size("1.5")
+        cost.parse_size("1.5")
 
 
 # -- live ranks ------------------------------------------------------------------------
 
 def test_every_op_runs_and_all_ranks_agree_on_the_times(ranks):
     ranks.resize(2)
-    per_rank = ranks.run(bench.time_collective, "all_reduce", 4096, iters=4, warmup=1)
+    per_rank = ranks.run(lab.time_collective, "all_reduce", 4096, iters=4, warmup=1)
     assert per_rank[0] == per_rank[1]          # the slowest rank's time, known everywhere
     (record,) = per_rank[0]
     assert len(record["times_s"]) == 4 and min(record["times_s"]) > 0
     # Several sizes in interleaved rounds: each size gets its share of calls in every round.
     sizes = (1024, 2 * 2**20)
-    per_rank = ranks.run(bench.time_collective, "all_reduce", sizes, iters=6, warmup=1, rounds=3)
+    per_rank = ranks.run(lab.time_collective, "all_reduce", sizes, iters=6, warmup=1, rounds=3)
     assert per_rank[0] == per_rank[1]
     assert [(r["bytes"], len(r["times_s"])) for r in per_rank[0]] == [(1024, 6), (2 * 2**20, 6)]
-    records = bench.run_sweep(ranks, sorted(ab.OPS), (1024, 65536), (2,), iters=2, warmup=1,
-                              rounds=2, progress=False)
+    records = lab.run_sweep(ranks, sorted(ab.OPS), (1024, 65536), (2,), iters=2, warmup=1,
+                            rounds=2, progress=False)
     assert [(r["op"], r["bytes"]) for r in records] == \
         [(op, n) for op in sorted(ab.OPS) for n in (1024, 65536)]
-    rows = bench.result_rows(records, bench.fit_sweep(records))
+    rows = cost.result_rows(records, cost.fit_sweep(records))
     assert all(row["time_s"] > 0 and row["predicted_s"] > 0 for row in rows)
 
 
@@ -261,7 +262,7 @@ def test_two_groups_of_two_time_side_by_side(ranks):
 
 
 def test_format_bytes_names_only_whole_units():
-    assert [bench.format_bytes(n) for n in (1024, 3 * 2**20, 1020, 2**20 - 4)] == \
+    assert [cost.format_bytes(n) for n in (1024, 3 * 2**20, 1020, 2**20 - 4)] == \
         ["1 KiB", "3 MiB", "1020 B", "1048572 B"]
 
 
@@ -269,14 +270,14 @@ def test_format_bytes_names_only_whole_units():
                     reason="the NCCL path (CUDA events) needs 2 GPUs; the gloo path is tested above")
 def test_time_collective_on_nccl():
     with LiveRanks(2, backend="nccl") as gpus:
-        records = bench.run_sweep(gpus, ("all_reduce", "reduce_scatter"), (2**20,), (2,), iters=3,
-                                  progress=False)
+        records = lab.run_sweep(gpus, ("all_reduce", "reduce_scatter"), (2**20,), (2,), iters=3,
+                                progress=False)
     assert all(r["backend"] == "nccl" and min(r["times_s"]) > 0 for r in records)
 
 
 def test_gloo_facts_on_this_torch(ranks):
     ranks.resize(2)
-    facts = ranks.run(bench.gloo_facts)[0]
+    facts = ranks.run(lab.gloo_facts)[0]
     assert facts["all_reduce(op=ReduceOp.AVG)"].endswith("= 0.5")
     assert facts["reduce_scatter input (4, 3) -> (2, 3)"].startswith("accepted")
     assert facts["reduce_scatter input (2, 6) -> (2, 3)"].startswith("refused")
@@ -304,13 +305,13 @@ def test_benchmark_prints_its_json_last(capsys):
     ("send_recv", 2, (10, 28), (2**10, 2**14, 2**19, 2**24, 2**28)),
 ])
 def test_small_sweep_plan_at_extremes(op, p, exps, expected):
-    assert bench.plan_small_sweep(op, p, exps).sizes == expected
+    assert lab.plan_small_sweep(op, p, exps).sizes == expected
 
 
 @pytest.mark.parametrize("exps", [(9, 12), (12, 10), (10, 29)])
 def test_small_sweep_plan_rejects_sizes_outside_the_slider(exps):
     with pytest.raises(ValueError, match="size_exponents"):
-        bench.plan_small_sweep("all_reduce", 2, exps)
+        lab.plan_small_sweep("all_reduce", 2, exps)
 
 
 @pytest.mark.parametrize("op, p, exps", [
@@ -319,7 +320,7 @@ def test_small_sweep_plan_rejects_sizes_outside_the_slider(exps):
     ("all_reduce", 2, (27, 28)),        # largest sizes
 ])
 def test_small_sweep_at_extremes(ranks, op, p, exps):
-    sweep = bench.run_small_sweep(ranks, op, p, exps)
+    sweep = lab.run_small_sweep(ranks, op, p, exps)
     assert {r["world_size"] for r in sweep.records} == {p}
     assert tuple(r["bytes"] for r in sweep.records) == sweep.plan.sizes
     assert (sweep.fits is None) == (len(sweep.records) < 2)

@@ -7,9 +7,9 @@ import numpy as np
 from IPython.display import display
 from matplotlib.figure import Figure
 
-from helpers.bench import (SIZE_EXPONENTS, cores_line, fit_for, fit_lines, median_time,
-                           op_labels, run_small_sweep, uncontended_time)
 from helpers.cost import alpha_beta as ab
+from helpers.cost.bench import fit_for, fit_lines, median_time, op_labels, uncontended_time
+from helpers.labs.bench import SIZE_EXPONENTS, cores_line, run_small_sweep
 
 # The world-size slider stops here by default: each extra CPU rank is a process that imports
 # torch (seconds on a small machine). Pass max_world_size=8 for the full range.
