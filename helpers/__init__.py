@@ -9,7 +9,7 @@
         groups.py        rank device, sub-groups, group vs global ranks, collective shims, the portable mean
         collectives.py   the eight collectives (01)         dp.py      DDP wrappers, naive to bucketed (03)
         zero.py          ZeRO-1 sharded optimizer (03), ZeRO stages 0-2 on flat buckets (08)
-        tp.py            f/g, column/row-parallel layers (04)
+        tp.py            f/g, column/row-parallel layers (04)   bench.py  one collective timed on a group (02)
         pp.py            pipelines on live ranks (05)        schedules.py  GPipe / 1F1B / interleaved plans
         mesh.py          the (d, t, p) mesh of notebook 07      tp_transformer.py  attention heads split over t
         parallel3d.py    DP × TP × PP on the transformer (07)   layouts.py  calibrating and timing layouts (07)
@@ -20,11 +20,11 @@
     cost/              pure arithmetic, no torch, no processes
         alpha_beta.py    the one α–β model of a collective, and its fit   tp.py   when tensor parallelism pays
         memory.py        ZeRO memory per rank, activations, communication volume (03, 08)
-        bubble.py        the pipeline bubble     roofline.py   the roofline
+        bubble.py        the pipeline bubble     roofline.py   the roofline     bench.py  02's sizes, fits, tables
         parallel3d.py    a 3-D layout's step time from calibrated equations (07)
         experts.py       expert capacity, all-to-all bytes    context.py  ring bytes, causal work per rank, ring idle (09)
     hardware.py        GPU records (notebook 00 and the simulator share them); hierarchy.py their table
-    timing.py, bench.py, roofline.py   measuring: one measurement line, collectives timed, this machine's roofs
+    timing.py, roofline.py   measuring: one measurement line, this machine's roofs
     simulator/         Epoch AI's training-cost model (notebook 06) and its command line
     views/             every figure and widget, one module per core module (views/tp.py draws parallel/tp.py
                        and cost/tp.py); `plot_*` returns a Figure, `widget_*` returns a widget, the notebook shows it
