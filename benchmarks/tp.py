@@ -17,7 +17,8 @@ import json
 import statistics
 
 from helpers.configs import LECTURE
-from helpers.parallel import tp
+from helpers.cost import tp as tp_cost
+from helpers.labs import tp as tp_lab
 from helpers.ranks import LiveRanks, cpu_cores, threads_per_rank
 from helpers.timing import Measurement
 
@@ -37,8 +38,8 @@ def main(argv=None) -> dict:
     args = parser.parse_args(argv)
     config = LECTURE.with_(batch=args.batch, hidden=args.hidden, layers=args.layers)
     for t in args.degrees:
-        for layout in tp.LAYOUTS:
-            tp.check_config(t, config, layout)
+        for layout in tp_cost.LAYOUTS:
+            tp_cost.check_config(t, config, layout)
 
     results = []
     with LiveRanks(max(args.degrees)) as ranks:
@@ -52,17 +53,17 @@ def main(argv=None) -> dict:
             # lands on all of them rather than on one.
             times, shares, comms = {}, {}, {}
             for _ in range(ROUNDS):
-                for layout in tp.LAYOUTS:
-                    out = ranks.run(tp.timed_steps, layout, config,
+                for layout in tp_cost.LAYOUTS:
+                    out = ranks.run(tp_lab.timed_steps, layout, config,
                                     repeat=max(1, args.repeat // ROUNDS),
                                     threads=args.threads_per_rank or None)[0]
                     times.setdefault(layout, []).extend(out.measurement.times_s)
                     shares.setdefault(layout, []).extend(out.comm_shares)
                     comms[layout] = out.comm
-            for layout in tp.LAYOUTS:
+            for layout in tp_cost.LAYOUTS:
                 m = Measurement(f"{layout} t={t} step", tuple(times[layout]))
                 comm, share = comms[layout], statistics.median(shares[layout])
-                formula = tp.formula_bytes(layout, t, config)
+                formula = tp_cost.formula_bytes(layout, t, config)
                 results.append({"layout": layout, "t": t, "step_s": m.median,
                                 "comm_bytes": comm.ring_bytes, "formula_bytes": formula,
                                 "comm_share": round(share, 4)})

@@ -257,7 +257,7 @@ def check_tp_megatron_bytes(answer: float) -> Verdict:
     """Bytes each rank sends per training step, Megatron layout, lecture MLP (L = 4, b = 128,
     h = 1024, fp32), t = 8, ring all-reduces."""
     from helpers.configs import LECTURE
-    from helpers.parallel.tp import formula_bytes
+    from helpers.cost.tp import formula_bytes
     n = LECTURE.batch * LECTURE.hidden * 4
     expected = formula_bytes("megatron", 8, LECTURE)
     if close_to(answer, expected):

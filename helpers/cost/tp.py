@@ -12,7 +12,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from helpers.checks import check_choice, check_divisible, check_int
+from helpers.configs import LECTURE, MLPConfig
 from helpers.cost import alpha_beta
+from helpers.cost.alpha_beta import OPS
 from helpers.hardware import H100_SXM, HIERARCHY, ROOFLINE_PEAKS
 from helpers.timing import format_seconds
 
@@ -184,3 +186,100 @@ def describe(t: int, hidden: int, hardware: TPHardware, tokens: int) -> str:
 def _times(x: float) -> str:
     """A speedup to two decimals, or to two significant digits below 0.01 (not "0.00")."""
     return f"{x:.2f}" if x >= 0.01 else f"{x:.2g}"
+
+
+# ----------------------------------------------------------------------------------------
+# Checks: one clear error, in the parent, before any process starts.
+# ----------------------------------------------------------------------------------------
+
+def check_config(t: int, config: MLPConfig = LECTURE, layout: str = "megatron") -> None:
+    """Raise ValueError/TypeError naming the bad argument; return None when all is well."""
+    check_choice("layout", layout, LAYOUTS)
+    check_degree(t, config.hidden)
+    if layout != "lecture":
+        check_divisible("layers", config.layers, 2, f"layout={layout!r} pairs column and row layers")
+    if layout == "sequence":
+        check_divisible("batch", config.batch, t, f"each of the t={t} ranks keeps batch/t tokens")
+
+
+def kind_of(layout: str, layer: int) -> str:
+    """'column' or 'row': how `layout` cuts layer `layer` (0 … L−1)."""
+    return "column" if layout == "lecture" or layer % 2 == 0 else "row"
+
+
+# ----------------------------------------------------------------------------------------
+# Formulas: what the counter should find, and what each rank keeps for the backward pass.
+# (`formula_collectives`, op → calls per pass, is above, with the cost model.)
+# ----------------------------------------------------------------------------------------
+
+def formula_bytes(layout: str, t: int, config: MLPConfig = LECTURE, bytes_per_element: int = 4) -> int:
+    """Per-rank bytes sent in one training step (forward + backward), ring algorithm.
+
+    Every collective here moves a full activation n = tokens·h·bytes (gathered output,
+    reduce-scattered input, or all-reduced tensor), each priced by alpha_beta's bus factor:
+      lecture : L all-gathers + L all-reduces = 3L(t−1)/t · n
+      megatron: L/2 + L/2 all-reduces          = 2L(t−1)/t · n
+      sequence: L all-gathers + L reduce-scatters = 2L(t−1)/t · n
+    """
+    n = config.batch * config.hidden * bytes_per_element
+    return sum((forward + backward) * round(OPS[op].bus_factor(t) * n)
+               for op, (forward, backward) in formula_collectives(layout, config.layers).items())
+
+
+def formula_activation_bytes(layout: str, t: int, config: MLPConfig = LECTURE,
+                             bytes_per_element: int = 4) -> int:
+    """Activations one rank keeps for the backward pass (weights excluded).
+
+    Per layer (n = tokens·h·bytes, one full activation):
+      lecture : the full input (n) and its own pre-GELU slice (n/t)            → n + n/t
+      megatron: per pair, full input n, two slices n/t, full pre-GELU sum n    → (2n + 2n/t)/2
+      sequence: per pair, gathered input n, two slices n/t, pre-GELU shard n/t → (n + 3n/t)/2
+    """
+    n, layers = config.batch * config.hidden * bytes_per_element, config.layers
+    if layout == "lecture":
+        return layers * (n + n // t)
+    if layout == "megatron":
+        return layers // 2 * (2 * n + 2 * n // t)
+    return layers // 2 * (n + 3 * n // t)
+
+
+# ----------------------------------------------------------------------------------------
+# The route of one step through each layout (drawn by helpers.views.tp.plot_layouts).
+# ----------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Layer:
+    index: int
+    kind: str          # "column" or "row"
+
+
+@dataclass(frozen=True)
+class Comm:
+    forward: str       # "AG", "RS", "AR" or "" (nothing on this pass)
+    backward: str
+    operator: str = ""  # "f", "g" or ""
+
+
+@dataclass(frozen=True)
+class Holds:
+    activation: str    # b×h, b×h/t (its features), b/t×h (its tokens) or "partial b×h"
+
+
+def layout_schedule(layout: str, layers: int) -> list[Layer | Comm | Holds]:
+    """The route of one step through the sharded MLP: layers, collectives and what each rank
+    holds in between (a partial sum of b×h is what the next collective completes)."""
+    sequence = layout == "sequence"
+    items: list[Layer | Comm | Holds] = [Holds("b/t×h" if sequence else "b×h")]
+    for i in range(layers):
+        kind = kind_of(layout, i)
+        if kind == "column":
+            items += [Comm("AG", "RS"), Holds("b×h")] if sequence else [Comm("", "AR", "f")]
+        items += [Layer(i, kind), Holds("b×h/t" if kind == "column" else "partial b×h")]
+        if layout == "lecture":
+            items += [Comm("AG", ""), Holds("b×h")]
+        elif kind == "row":
+            items += ([Comm("RS", "AG"), Holds("b/t×h")] if sequence
+                      else [Comm("AR", "", "g"), Holds("b×h")])
+    return items
+
+

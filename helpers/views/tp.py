@@ -10,7 +10,7 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
 from helpers.cost.tp import LAYOUTS, TPHardware, best_t, describe, tp_curve
-from helpers.parallel.tp import Comm, Holds, Layer, layout_schedule
+from helpers.cost.tp import Comm, Holds, Layer, layout_schedule
 from helpers.views.kit import FULL_LABEL, Blitted, decade_label, fixed_layout
 
 T_OPTIONS = (1, 2, 4, 8, 16, 32, 64)
