@@ -14,7 +14,7 @@ import json
 import statistics
 import sys
 
-from helpers.parallel.pp import run_pipeline
+from helpers.labs.pp import run_pipeline
 from helpers.ranks import LiveRanks, cpu_cores
 from helpers.timing import Measurement
 

@@ -1,6 +1,8 @@
 """Checked exercises: each `check_*` says right or wrong and why, so a reader can test an answer alone."""
 from __future__ import annotations
+
 from dataclasses import dataclass
+
 
 @dataclass(frozen=True)
 class Verdict:
@@ -211,8 +213,8 @@ def _judge(answer: int, right: int, why: str, known: dict[int, str], otherwise: 
 def check_dp_ring_bytes(answer: float) -> Verdict:
     """Bytes each of d = 4 ranks sends per step to all-reduce the lecture MLP's fp32 gradients
     (Ψ = 4·1024² parameters) with a ring."""
-    from helpers.cost.alpha_beta import OPS
     from helpers.configs import LECTURE
+    from helpers.cost.alpha_beta import OPS
     gradient = LECTURE.parameters * 4  # Ψ fp32 gradients = 16 MiB
     expected = OPS["all_reduce"].bus_factor(4) * gradient
     if close_to(answer, expected):

@@ -1,7 +1,7 @@
 """The checked exercises of notebooks 03-05: the right answer passes, the usual wrong ones say why."""
 from helpers import exercises as ex
 from helpers.cost.bubble import bubble_theory
-from helpers.parallel.schedules import make_plan, peak_live
+from helpers.cost.schedules import make_plan, peak_live
 
 
 def test_right_answers_pass():

@@ -12,8 +12,9 @@ from matplotlib.figure import Figure  # noqa: E402
 from helpers.cost.bubble import bubble_theory, measured_bubble  # noqa: E402
 from helpers.configs import LECTURE
 from helpers.parallel import pp  # noqa: E402
+from helpers.labs import pp as pp_lab
 from helpers.parallel.groups import split_groups  # noqa: E402
-from helpers.parallel.schedules import (Action, Event, check_event_log, make_plan,  # noqa: E402
+from helpers.cost.schedules import (Action, Event, check_event_log, make_plan,  # noqa: E402
                                         peak_live, simulate)
 from helpers.ranks import LiveRanks  # noqa: E402
 from helpers.views.pp import (MAX_WIDGET_WORLD_SIZE, WIDGET_T_F, PipelineView,  # noqa: E402
@@ -29,7 +30,7 @@ def ranks():
 
 @pytest.fixture(scope="module")
 def ref():
-    return pp.reference()
+    return pp_lab.reference()
 
 
 # -- pure: schedules, simulator, theory ---------------------------------------------------
@@ -84,8 +85,8 @@ def test_event_log_check_catches_causality_violation():
 
 
 def test_stage_ranges_cover_the_model():
-    assert [pp.stage_range(s, 2) for s in range(2)] == [range(0, 2), range(2, 4)]
-    assert [pp.stage_range(s, 4) for s in range(4)] == [range(s, s + 1) for s in range(4)]
+    assert [pp.stage_range(s, 2, LECTURE) for s in range(2)] == [range(0, 2), range(2, 4)]
+    assert [pp.stage_range(s, 4, LECTURE) for s in range(4)] == [range(s, s + 1) for s in range(4)]
 
 
 # -- bad inputs: one clear error, before any process starts --------------------------------
@@ -105,27 +106,27 @@ def test_stage_ranges_cover_the_model():
 def test_bad_inputs_raise_before_any_process(kwargs, name):
     before = multiprocessing.active_children()
     with pytest.raises(ValueError, match=name):
-        pp.run_pipeline(**kwargs)
+        pp_lab.run_pipeline(**kwargs)
     assert multiprocessing.active_children() == before
 
 
 def test_bad_types_and_lecture_inputs():
     with pytest.raises(TypeError, match="m must be an int"):
-        pp.run_pipeline(m=2.0)
+        pp_lab.run_pipeline(m=2.0)
     with pytest.raises(ValueError, match="layers must be a multiple of 3"):
-        pp.run_lecture_forward(p=3)
+        pp_lab.run_lecture_forward(p=3)
     with pytest.raises(ValueError, match="m must be >= 1"):
-        pp.run_lecture_forward(m=0)
+        pp_lab.run_lecture_forward(m=0)
     with pytest.raises(ValueError, match="p must be >= 2"):
-        pp.run_torch_pipelining(p=1)
+        pp_lab.run_torch_pipelining(p=1)
     with pytest.raises(ValueError, match="schedule must be one of"):
-        pp.run_torch_pipelining("interleaved")
+        pp_lab.run_torch_pipelining("interleaved")
 
 
 # -- live ranks ---------------------------------------------------------------------------
 
 def test_lecture_forward_equals_unsharded_mlp(ranks, ref):
-    out = pp.run_lecture_forward(2, 4, ranks=ranks)
+    out = pp_lab.run_lecture_forward(2, 4, ranks=ranks)
     torch.testing.assert_close(out, ref.output)
 
 
@@ -133,8 +134,8 @@ def test_lecture_forward_equals_unsharded_mlp(ranks, ref):
                                         ("1f1b", 4), ("gpipe", 4)])
 def test_gradients_equal_single_process(ranks, ref, schedule, p):
     m = 4
-    run = pp.run_pipeline(schedule, p, m, ranks=ranks, mode="compute")
-    pp.check_gradients(run, ref)  # assert_close on every layer and the loss
+    run = pp_lab.run_pipeline(schedule, p, m, ranks=ranks, mode="compute")
+    pp_lab.check_gradients(run, ref)  # assert_close on every layer and the loss
     check_event_log(run.events, p, m, run.v)
     assert run.peak_live == [peak_live(make_plan(schedule, p, m, r, run.v)) for r in range(p)]
 
@@ -143,9 +144,9 @@ def two_pipelines_rank(rank, world_size, schedule, m):
     """Ranks {0, 1} and {2, 3} each run their own 2-stage pipeline (compute mode) and the
     lecture's forward, at the same time, in one world of 4."""
     group = split_groups([[0, 1], [2, 3]])
-    log = pp.pipeline_rank(rank, world_size, schedule, m, 1, "compute", pp.T_F, 2 * pp.T_F,
+    log = pp_lab.pipeline_rank(rank, world_size, schedule, m, 1, "compute", pp_lab.T_F, 2 * pp_lab.T_F,
                            group=group)
-    return log, pp.lecture_forward(rank, world_size, m, group=group)
+    return log, pp_lab.lecture_forward(rank, world_size, m, group=group)
 
 
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
@@ -153,8 +154,8 @@ def test_two_pipelines_side_by_side_in_subgroups(ranks, ref, schedule):
     m = 4
     results = ranks.resize(4).run(two_pipelines_rank, schedule, m)
     for pair in ([0, 1], [2, 3]):
-        run = pp.PipelineRun.from_logs(schedule, m, 1, "compute", [results[r][0] for r in pair])
-        pp.check_gradients(run, ref)  # loss and every layer's gradient
+        run = pp_lab.PipelineRun.from_logs(schedule, m, 1, "compute", [results[r][0] for r in pair])
+        pp_lab.check_gradients(run, ref)  # loss and every layer's gradient
         check_event_log(run.events, 2, m)
         assert {e.rank for e in run.events} == {0, 1}  # stages are group ranks
         assert results[pair[0]][1] is None
@@ -163,20 +164,20 @@ def test_two_pipelines_side_by_side_in_subgroups(ranks, ref, schedule):
 
 def torch_pipelining_pairs_rank(rank, world_size, schedule, m):
     group = split_groups([[0, 1], [2, 3]])
-    return pp.torch_pipelining_rank(rank, world_size, schedule, m, group=group)
+    return pp_lab.torch_pipelining_rank(rank, world_size, schedule, m, group=group)
 
 
 def test_torch_pipelining_in_subgroups(ranks, ref):
     logs = ranks.resize(4).run(torch_pipelining_pairs_rank, "1f1b", 4)
     for pair in ([0, 1], [2, 3]):
-        run = pp.PipelineRun.from_logs("torch 1f1b", 4, 1, "compute", [logs[r] for r in pair])
-        pp.check_gradients(run, ref)
+        run = pp_lab.PipelineRun.from_logs("torch 1f1b", 4, 1, "compute", [logs[r] for r in pair])
+        pp_lab.check_gradients(run, ref)
 
 
 def test_live_activation_counts_in_wait_mode(ranks):
     p, m = 4, 8
-    gpipe = pp.run_pipeline("gpipe", p, m, ranks=ranks, mode="wait", t_f=0.004)
-    one_f_one_b = pp.run_pipeline("1f1b", p, m, ranks=ranks, mode="wait", t_f=0.004)
+    gpipe = pp_lab.run_pipeline("gpipe", p, m, ranks=ranks, mode="wait", t_f=0.004)
+    one_f_one_b = pp_lab.run_pipeline("1f1b", p, m, ranks=ranks, mode="wait", t_f=0.004)
     assert gpipe.peak_live == [m] * p
     assert one_f_one_b.peak_live == [p - r for r in range(p)]
     for run in (gpipe, one_f_one_b):
@@ -187,24 +188,24 @@ def test_live_activation_counts_in_wait_mode(ranks):
 
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
 def test_torch_pipelining_matches_single_process(ranks, ref, schedule):
-    run = pp.run_torch_pipelining(schedule, 2, 4, ranks=ranks)
-    pp.check_gradients(run, ref)
+    run = pp_lab.run_torch_pipelining(schedule, 2, 4, ranks=ranks)
+    pp_lab.check_gradients(run, ref)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2,
                     reason="torch.distributed.pipelining on NCCL needs 2 GPUs")
 def test_torch_pipelining_on_nccl(ref):
-    run = pp.run_torch_pipelining("1f1b", 2, 4)
-    pp.check_gradients(run, ref)
+    run = pp_lab.run_torch_pipelining("1f1b", 2, 4)
+    pp_lab.check_gradients(run, ref)
 
 
 def test_bubble_sweep_and_its_plot(ranks):
-    runs = pp.bubble_sweep(ranks, ps=(2,), ms=(1, 4), t_f=0.004)
+    runs = pp_lab.bubble_sweep(ranks, ps=(2,), ms=(1, 4), t_f=0.004)
     assert [(r.p, r.m, r.mode) for r in runs] == [(2, 1, "wait"), (2, 4, "wait")]
     fig = plot_bubble_sweep(runs)
     assert len(fig.axes[0].lines) == 2  # one curve and one set of dots per p
     with pytest.raises(ValueError, match="ranks must be"):
-        pp.bubble_sweep(None)
+        pp_lab.bubble_sweep(None)
 
 
 # -- the widget's runs at its slider extremes ---------------------------------------------
@@ -215,7 +216,7 @@ EXTREMES = [(2, 1, "gpipe"), (2, 16, "1f1b"), (8, 1, "1f1b"), (8, 16, "gpipe"),
 
 @pytest.mark.parametrize("p,m,schedule", EXTREMES)
 def test_timed_schedule_simulated(p, m, schedule):
-    run = pp.timed_schedule(schedule, p, m)
+    run = pp_lab.timed_schedule(schedule, p, m)
     assert run.mode == "simulated" and run.bubble_measured == pytest.approx(run.bubble_theory)
     fig = plot_gantt(run.events, p)
     assert bars(fig.axes[0]) == len(run.events)
@@ -223,7 +224,7 @@ def test_timed_schedule_simulated(p, m, schedule):
 
 @pytest.mark.parametrize("p,m,schedule", [(2, 1, "gpipe"), (8, 16, "interleaved")])
 def test_timed_schedule_live(ranks, p, m, schedule):
-    run = pp.timed_schedule(schedule, p, m, ranks=ranks, t_f=0.004)
+    run = pp_lab.timed_schedule(schedule, p, m, ranks=ranks, t_f=0.004)
     check_event_log(run.events, p, m, run.v)
     assert run.mode == "wait" and 0 < run.bubble_measured < 1
     fig = plot_runs([run])
@@ -232,7 +233,7 @@ def test_timed_schedule_live(ranks, p, m, schedule):
 
 def test_timed_schedule_rejects_bad_interleaving():
     with pytest.raises(ValueError, match="m must be a multiple of 8"):
-        pp.timed_schedule("interleaved", 8, 4)
+        pp_lab.timed_schedule("interleaved", 8, 4)
 
 
 def bars(ax) -> int:
@@ -246,7 +247,7 @@ def test_widget_offers_only_valid_settings():
     for p in range(2, MAX_WIDGET_WORLD_SIZE + 1):
         for schedule in schedules_for(p):
             for m in valid_ms(schedule, p):
-                pp.timed_schedule(schedule, p, m)  # every offered setting is a valid pipeline
+                pp_lab.timed_schedule(schedule, p, m)  # every offered setting is a valid pipeline
 
 
 def test_widget_at_its_extremes():
@@ -297,7 +298,7 @@ def test_the_blitted_gantt_chart_is_the_one_drawn_afresh():
 
     from helpers.views.pp import gantt_axes, gantt_bars, shared_span_ms
     view = PipelineView()
-    runs = [pp.timed_schedule(s, p, m, None, WIDGET_T_F)
+    runs = [pp_lab.timed_schedule(s, p, m, None, WIDGET_T_F)
             for s, p, m in (("gpipe", 4, 4), ("1f1b", 4, 4), ("interleaved", 8, 16), ("1f1b", 4, 8))]
     for run in runs + runs[:2]:   # back to (4, 4): its saved axes, the last run's bars gone
         span = shared_span_ms(run.p, run.m, WIDGET_T_F)
@@ -322,23 +323,23 @@ def test_the_schedules_of_one_p_and_m_share_a_time_axis_a_longer_run_widens_it()
     from helpers.views.pp import _nice_ceiling, shared_span_ms
     assert (_nice_ceiling(150.0), _nice_ceiling(151.0), _nice_ceiling(9.9)) == (150, 175, 10)
     span = shared_span_ms(4, 4, WIDGET_T_F)
-    slowest = max(pp.simulated_run(s, 4, 4, t_f=WIDGET_T_F).makespan for s in ("gpipe", "1f1b"))
+    slowest = max(pp_lab.simulated_run(s, 4, 4, t_f=WIDGET_T_F).makespan for s in ("gpipe", "1f1b"))
     assert 1.2e3 * slowest <= span < 1.25 * 1.2e3 * slowest
     view = PipelineView()
-    run = pp.timed_schedule("1f1b", 4, 4, None, WIDGET_T_F)
+    run = pp_lab.timed_schedule("1f1b", 4, 4, None, WIDGET_T_F)
     view.png(run)
-    slow = pp.timed_schedule("1f1b", 4, 4, None, 2 * WIDGET_T_F)   # twice as long: no longer fits
+    slow = pp_lab.timed_schedule("1f1b", 4, 4, None, 2 * WIDGET_T_F)   # twice as long: no longer fits
     view.png(slow)
     assert [key for key in view._axes] == [(4, span), (4, _nice_ceiling(slow.makespan * 1e3))]
 
 
 def test_replayed_run_of_a_perfect_run_is_itself():
     for schedule, v in (("gpipe", None), ("1f1b", None), ("interleaved", 2)):
-        sim = pp.simulated_run(schedule, p=4, m=8, v=v)
-        assert pp.replayed(sim).bubble_measured == pytest.approx(sim.bubble_measured)
-    late = pp.simulated_run("1f1b", p=2, m=4)
+        sim = pp_lab.simulated_run(schedule, p=4, m=8, v=v)
+        assert pp_lab.replayed(sim).bubble_measured == pytest.approx(sim.bubble_measured)
+    late = pp_lab.simulated_run("1f1b", p=2, m=4)
     late.events = [e.shifted(-1.0) if e.rank == 1 else e for e in late.events]  # rank 1 waits 1 s
-    assert pp.replayed(late).bubble_measured < late.bubble_measured
+    assert pp_lab.replayed(late).bubble_measured < late.bubble_measured
 
 
 def test_two_quick_changes_lose_no_figure():

@@ -1,7 +1,7 @@
 """The pipeline bubble: the formula, and the same quantity measured on an event log.
 
 Pure arithmetic: no torch, no processes. An event log is any iterable of objects with `start`
-and `end` in seconds (`helpers.parallel.schedules.Event`, simulated or recorded on live ranks).
+and `end` in seconds (`helpers.cost.schedules.Event`, simulated or recorded on live ranks).
 """
 from __future__ import annotations
 

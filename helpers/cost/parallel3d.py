@@ -29,7 +29,7 @@ from typing import Iterable, Mapping
 from helpers.checks import check_int
 from helpers.cost.alpha_beta import Fit, relative_error
 from helpers.cost.bubble import bubble_theory
-from helpers.parallel.schedules import simulate
+from helpers.cost.schedules import simulate
 
 BYTES_PER_FLOAT = 4  # float32 activations, gradients and weights
 
@@ -243,7 +243,7 @@ def busy_ranks(layout: Layout) -> float:
     cores with), on average over its compute time: all of them without a pipeline (data and
     tensor parallel ranks compute in lockstep); with one, the d·t ranks of each stage times
     the stages busy during a stage's work in the 1F1B schedule
-    (`helpers.parallel.schedules.simulate`, backward = 2 × forward): Σ overlap / Σ busy time
+    (`helpers.cost.schedules.simulate`, backward = 2 × forward): Σ overlap / Σ busy time
     over its events. (The time average would be p·(1 − bubble_theory(p, m)); a rank's own
     work falls more often where the others work too.)"""
     if layout.p == 1:

@@ -11,8 +11,8 @@ import torch.distributed as dist
 from torch import nn
 
 from helpers.checks import check_choice, check_divisible, check_int, check_number
-from helpers.cost.memory import FP32_ADAM_BYTES, zero_memory_per_rank
 from helpers.configs import LECTURE, MLPConfig
+from helpers.cost.memory import FP32_ADAM_BYTES, zero_memory_per_rank
 from helpers.models import make_batch, make_mlp, mlp_loss
 from helpers.optimizers import make_optimizer, optimizer_spec
 from helpers.parallel.dp import VARIANTS, TraceEvent, shard, wrap

@@ -20,8 +20,8 @@ from helpers.cost.tp import (check_config, formula_activation_bytes, formula_byt
                              formula_collectives, kind_of)
 from helpers.models import make_batch, make_mlp, mlp_loss
 from helpers.parallel.groups import group_rank, group_size, rank_device, split_groups
-from helpers.parallel.tp import (ColumnParallelLinear, CommSummary, RowParallelLinear, record,
-                                 all_gather, counting, my_slice, reduce_scatter, saved_activations,
+from helpers.parallel.tp import (ColumnParallelLinear, CommSummary, RowParallelLinear, all_gather,
+                                 counting, my_slice, record, reduce_scatter, saved_activations,
                                  shard_mlp, summarize)
 from helpers.timing import Measurement, measure
 

@@ -33,14 +33,13 @@ import torch.distributed as dist
 from torch import nn
 
 from helpers.checks import check_divisible, check_int
+from helpers.configs import MOE, TRANSFORMER, MoEConfig, TransformerConfig
 from helpers.cost.experts import capacity as expert_capacity
 from helpers.cost.experts import check_expert_degree, moe_step_bytes, sent_bytes
-from helpers.configs import MOE, TRANSFORMER, MoEConfig, TransformerConfig
 from helpers.models import (MoE, MoEStats, kept_slots, lm_loss, make_moe_batch,
                             make_moe_transformer, make_tokens, moe_loss, route, stats_of)
 from helpers.parallel.groups import CallLog, group_rank, group_size
 from helpers.parallel.ring_attention import intra_op_threads
-
 
 # ----------------------------------------------------------------------------------------
 # Counting what each all-to-all sends.

@@ -25,12 +25,12 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from helpers.cost.alpha_beta import Fit, coefficients, fit_alpha_beta
-from helpers.cost.parallel3d import (BYTES_PER_FLOAT, LAYOUTS_4, Breakdown, Calibration,
-                                     Comparison, Layout, Shape, activation_bytes, check_layout,
-                                     measured_breakdown, predict, stage_parameters,
-                                     stages_used, shapes_used)
 from helpers.configs import TRANSFORMER, TransformerConfig
+from helpers.cost.alpha_beta import Fit, coefficients, fit_alpha_beta
+from helpers.cost.parallel3d import (BYTES_PER_FLOAT, LAYOUTS_4, Breakdown, Calibration, Comparison,
+                                     Layout, Shape, activation_bytes, check_layout,
+                                     measured_breakdown, predict, shapes_used, stage_parameters,
+                                     stages_used)
 from helpers.models import Block, Head, Transformer, lm_loss
 from helpers.optimizers import make_optimizer
 from helpers.parallel.groups import split_groups

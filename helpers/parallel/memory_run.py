@@ -19,11 +19,10 @@ import torch.distributed as dist
 from torch.profiler import record_function
 
 from helpers.checks import check_choice, check_divisible, check_int
-from helpers.configs import SMALL
+from helpers.configs import SMALL, TransformerConfig
 from helpers.cost.alpha_beta import OPS
 from helpers.cost.memory import (FP32_RUN, MIXED_RUN, STAGES, ZeroMemory, comm_volume,
                                  zero_memory_for)
-from helpers.configs import TransformerConfig
 from helpers.models import lm_loss, make_tokens, make_transformer, transformer_forward
 from helpers.parallel.dp import shard
 from helpers.parallel.fsdp import FSDP

@@ -43,13 +43,13 @@ from torch import nn
 
 from helpers.checks import check_choice, check_divisible, check_int, check_number
 from helpers.configs import TRANSFORMER, TransformerConfig
+from helpers.cost.schedules import make_plan
 from helpers.models import Block, Transformer, lm_loss, make_tokens, make_transformer
 from helpers.optimizers import OPTIMIZERS, make_optimizer
 from helpers.parallel.dp import BucketedDDP, shard
 from helpers.parallel.groups import all_reduce_mean, rank_device
 from helpers.parallel.mesh import Coords, Mesh, build_groups
 from helpers.parallel.pp import Mailbox, stage_range
-from helpers.parallel.schedules import make_plan
 from helpers.parallel.tp import counting
 from helpers.parallel.tp_transformer import check_tensor_degree, shard_block, shard_dim
 

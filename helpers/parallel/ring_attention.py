@@ -36,9 +36,8 @@ import torch.distributed as dist
 from torch import nn
 
 from helpers.checks import check_choice, check_int, check_number
-from helpers.configs import RING, RingConfig
+from helpers.configs import RING, TRANSFORMER, RingConfig, TransformerConfig
 from helpers.cost.context import LAYOUTS, block_pairs, check_split, chunks_of, ring_bytes
-from helpers.configs import TRANSFORMER, TransformerConfig
 from helpers.models import Attention, lm_loss, make_tokens, make_transformer
 from helpers.parallel.groups import global_rank, group_rank, group_size
 

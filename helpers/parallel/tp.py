@@ -40,7 +40,6 @@ from helpers.cost.tp import kind_of
 from helpers.parallel.groups import (CallLog, all_gather_into, group_rank, group_size,
                                      reduce_scatter_into)
 
-
 # ----------------------------------------------------------------------------------------
 # Counting what we hand to torch.distributed.
 # ----------------------------------------------------------------------------------------

@@ -15,10 +15,10 @@ from matplotlib.collections import PolyCollection
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
-from helpers.cost.bubble import bubble_theory
 from helpers.configs import LECTURE
-from helpers.parallel import pp
-from helpers.parallel.schedules import PIPELINE_SCHEDULES, Event
+from helpers.cost.bubble import bubble_theory
+from helpers.cost.schedules import PIPELINE_SCHEDULES, Event
+from helpers.labs import pp as pp_lab
 from helpers.views.kit import FULL_LABEL, Blitted, image_output, text_output
 
 MAX_WIDGET_WORLD_SIZE = 8  # the widget's largest p: still timed honestly in wait mode
@@ -167,7 +167,7 @@ def _nice_ceiling(x: float) -> float:
 def shared_span_ms(p: int, m: int, t_f: float) -> float:
     """The time axis of every schedule the widget offers at (p, m): the slowest one's
     simulated length, with a fifth more for what a real run adds (messages, waking up)."""
-    return _nice_ceiling(1.2e3 * max(pp.simulated_run(s, p, m, t_f=t_f).makespan
+    return _nice_ceiling(1.2e3 * max(pp_lab.simulated_run(s, p, m, t_f=t_f).makespan
                                      for s in schedules_for(p) if m in valid_ms(s, p)))
 
 
@@ -199,7 +199,7 @@ class PipelineView:
             self._axes.popitem(last=False)
         return blit
 
-    def png(self, run: pp.PipelineRun) -> bytes:
+    def png(self, run: pp_lab.PipelineRun) -> bytes:
         span = shared_span_ms(run.p, run.m, self.t_f)
         if run.makespan * 1e3 > span:
             span = _nice_ceiling(run.makespan * 1e3)
@@ -218,7 +218,7 @@ def pipeline_outputs(schedule: str, p: int, m: int, ranks=None, t_f: float = WID
     schedule and return what its Output shows, the Gantt chart (drawn by `view`, a new one
     when None) and a line of text. Invalid settings say why instead of drawing."""
     try:
-        run = pp.timed_schedule(schedule, p, m, ranks, t_f)
+        run = pp_lab.timed_schedule(schedule, p, m, ranks, t_f)
     except (ValueError, TypeError) as error:
         return (text_output(f"not a valid pipeline: {error}"),)
     picture = (view or PipelineView(t_f)).png(run)
@@ -228,7 +228,7 @@ def pipeline_outputs(schedule: str, p: int, m: int, ranks=None, t_f: float = WID
 
 def widget_pipeline(ranks=None, t_f: float = WIDGET_T_F) -> W.Widget:
     """p, m and schedule controls; each change runs the schedule on live ranks in wait mode
-    (`pp.timed_schedule`; ranks=None simulates it) and draws its Gantt chart.
+    (`pp_lab.timed_schedule`; ranks=None simulates it) and draws its Gantt chart.
 
     Only valid settings are offered (m from `valid_ms`, the schedules from `schedules_for`).
     Sliders act on release. Redraws are serialised (a lock) and always draw the controls'

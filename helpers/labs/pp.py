@@ -1,0 +1,394 @@
+"""Pipeline parallelism on live ranks: cut the MLP by depth and stream micro-batches through it.
+
+Notebook 05's runs:
+* `lecture_forward`: the lecture's forward-only pipeline (blocking send/recv, no backward).
+* `pipeline_rank` / `run_pipeline`: GPipe, 1F1B and interleaved 1F1B *with* backward,
+  asynchronous isend/irecv, and an event log of every forward and backward on every rank.
+  `mode="compute"` runs the real matmuls; `mode="wait"` replaces each F and B by a timed
+  wait that uses no CPU, so p = 8 ranks on a 2-core laptop still keep exact schedule timing.
+* `reference`: the same MLP trained in one process, the yardstick for outputs and gradients.
+* `torch_pipelining_rank`: PyTorch's own `torch.distributed.pipelining` on the same model.
+* `timed_schedule` / `bubble_sweep`: the schedule alone (simulated, or waits on live ranks),
+  what the widget and the bubble-against-m plot show.
+
+The model is `helpers.models`' MLP (`make_mlp`, sliced per stage with `mlp_layers`) and its
+loss `mlp_loss`; the stage's layers and the mailbox are `helpers.parallel.pp`.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+from helpers import ranks as live_ranks
+from helpers.checks import check_choice, check_divisible, check_int, check_number
+from helpers.configs import LECTURE, MLPConfig
+from helpers.cost.bubble import bubble_theory, measured_bubble
+from helpers.cost.schedules import (Event, Step, check_schedule_args, dependency, make_plan,
+                                    peak_live, simulate, stage_of)
+from helpers.models import make_batch, make_mlp, mlp_layers, mlp_loss
+from helpers.parallel.groups import global_rank, group_rank, group_size, rank_device
+from helpers.parallel.pp import Mailbox, stage_range
+
+MODES = ("compute", "wait")
+
+
+T_F = 0.03  # seconds per forward in wait mode; a backward waits twice as long
+
+
+# ------------------------------------------------------------------------------------------
+# The model, cut by depth.
+# ------------------------------------------------------------------------------------------
+
+def check_model(p: int, m: int, v: int, config: MLPConfig) -> None:
+    """The model must cut into p·v equal stages and the batch into m equal micro-batches."""
+    check_divisible("layers", config.layers, p * v,
+                    f"every one of the p·v = {p}·{v} pipeline stages gets as many layers")
+    check_divisible("batch", config.batch, m, "m micro-batches of equal size")
+
+
+def layer_grads(layers: torch.nn.Sequential, first: int) -> dict[int, torch.Tensor]:
+    """{global layer index: weight gradient} of a slice of the MLP starting at layer `first`."""
+    return {first + j: linear.weight.grad for j, linear in enumerate(layers[0::2])}
+
+
+@dataclass
+class Reference:
+    """Single-process training on the whole batch: the numbers every pipeline reproduces."""
+    output: torch.Tensor = field(repr=False)
+    loss: float
+    grads: dict[int, torch.Tensor] = field(repr=False)  # layer -> weight gradient
+
+
+def reference(config: MLPConfig = LECTURE) -> Reference:
+    """One training step of the unsharded MLP on the whole batch, loss `mlp_loss`."""
+    model = make_mlp(config)
+    out = model(make_batch(config))
+    loss = mlp_loss(out)
+    loss.backward()
+    return Reference(out.detach(), loss.item(), layer_grads(model, 0))
+
+
+# ------------------------------------------------------------------------------------------
+# 1. The lecture's pipeline: forward only, blocking send/recv, one micro-batch at a time.
+# ------------------------------------------------------------------------------------------
+
+def lecture_forward(rank, world_size, m, config: MLPConfig = LECTURE, group=None):
+    """Stage s = group_rank(group) of p = group_size(group) owns layers [s·L/p, (s+1)·L/p).
+    Stage 0 cuts the batch into m micro-batches; each later stage receives a micro-batch
+    from the stage before, runs its layers and passes it on. The last stage returns the
+    whole output; the others return None."""
+    device = rank_device()
+    s, p = group_rank(group), group_size(group)
+    mine = stage_range(s, p, config)
+    layers = mlp_layers(make_mlp(config), mine.start, mine.stop).to(device)
+    if s == 0:
+        micro_batches = make_batch(config).to(device).chunk(m)
+    else:  # room for what the previous stage will send
+        micro_batches = [torch.empty(config.batch // m, config.hidden, device=device)
+                         for _ in range(m)]
+    outputs = []
+    with torch.no_grad():  # forward only
+        for x in micro_batches:
+            if s > 0:  # blocks until the activations arrive
+                dist.recv(x, src=global_rank(group, s - 1), group=group)
+            x = layers(x)
+            if s + 1 < p:  # blocks until the next stage has them
+                dist.send(x.contiguous(), dst=global_rank(group, s + 1), group=group)
+            else:
+                outputs.append(x)
+    return torch.cat(outputs) if outputs else None
+
+
+def run_lecture_forward(p: int = 2, m: int = 4, *, ranks=None, config: MLPConfig = LECTURE):
+    """Run `lecture_forward` on p ranks and return the last rank's output."""
+    check_int("p", p)
+    check_int("m", m)
+    check_model(p, m, 1, config)
+    if ranks is None:
+        return live_ranks.spawn(lecture_forward, p, m, config)[-1]
+    return ranks.resize(p).run(lecture_forward, m, config)[-1]
+
+
+# ------------------------------------------------------------------------------------------
+# 2. Schedules with backward, asynchronous messages and an event log.
+# ------------------------------------------------------------------------------------------
+
+def _wait(seconds: float) -> None:
+    """Sleep (no CPU) until `seconds` have passed; loops in case a sleep wakes up early."""
+    deadline = time.perf_counter() + seconds
+    while (left := deadline - time.perf_counter()) > 0:
+        time.sleep(left)
+
+
+@dataclass
+class StageLog:
+    """What one rank brings back from a pipeline step."""
+    events: list[Event] = field(default_factory=list)
+    peak_live: int | None = None  # most micro-batches whose activations it held at once
+    grads: dict[int, torch.Tensor] = field(default_factory=dict)  # its layers (compute mode)
+    loss: float | None = None     # the last stage only
+
+
+def pipeline_rank(rank, world_size, schedule: str, m: int, v: int, mode: str, t_f: float,
+                  t_b: float, config: MLPConfig = LECTURE, group=None) -> StageLog:
+    """One rank of a pipeline schedule: stage group_rank(group) of p = group_size(group).
+    Returns its event log, its peak number of live micro-batches, its layers' gradients and
+    (last stage) the loss.
+
+    Before running action i the rank already posts the receive for action i + 1, and it
+    sends its outputs with isend without waiting, so activations and gradients travel while
+    the next F or B computes. A rank only ever blocks on the input it needs now, which is
+    what the schedule's dependencies allow.
+    """
+    me, p = group_rank(group), group_size(group)
+    plan = make_plan(schedule, p, m, me, v)
+    last = p * v - 1
+    shape = (config.batch // m, config.hidden)
+    mail = Mailbox(m, v, shape, group)
+    compute = mode == "compute"
+    if compute:
+        model = make_mlp(config)
+        # chunk c of this rank is stage c·p + me of p·v
+        mine = {c: stage_range(c * p + me, p * v, config) for c in range(v)}
+        chunks = {c: mlp_layers(model, r.start, r.stop) for c, r in mine.items()}
+        xs = make_batch(config).chunk(m)
+        numel = config.batch * config.hidden  # per micro-batch Σy²/numel: they add up to the loss
+        for layers in chunks.values():  # first-call costs (thread pools, allocator) stay
+            layers(torch.zeros(shape, requires_grad=True)).sum().backward()
+            layers.zero_grad(set_to_none=True)  # outside the timeline
+    else:
+        placeholder = torch.zeros(shape)  # wait mode still sends messages of the real size
+
+    saved: dict[tuple, tuple] = {}  # (chunk, mb) -> what its backward will need
+    events, losses, peak = [], [], 0
+    dist.barrier(group=group)  # everyone starts the clock together
+    for i, a in enumerate(plan):
+        if i + 1 < len(plan):
+            mail.post(plan[i + 1])  # the next input travels while this action runs
+        received = mail.take(a)
+        s = stage_of(a, me, p)
+        start = time.perf_counter()
+        if a.kind == "F":
+            if compute:
+                inp = xs[a.mb] if s == 0 else received.requires_grad_()
+                out = chunks[a.chunk](inp)
+                if s == last:
+                    out = mlp_loss(out, numel=numel)
+                    losses.append(out.item())
+            else:
+                _wait(t_f / v)
+                inp, out = None, placeholder
+            saved[(a.chunk, a.mb)] = (inp, out)
+            peak = max(peak, len(saved))
+            end = time.perf_counter()
+            if s < last:
+                mail.send(out.detach(), s + 1, "F", a.mb)
+        else:
+            inp, out = saved.pop((a.chunk, a.mb))
+            if compute:
+                out.backward(None if s == last else received)  # weight grads accumulate
+            else:
+                _wait(t_b / v)
+            end = time.perf_counter()
+            if s > 0:
+                mail.send(inp.grad if compute else placeholder, s - 1, "B", a.mb)
+        events.append(Event(me, a.kind, a.chunk, a.mb, start, end))
+    mail.flush()
+    dist.barrier(group=group)
+    grads = {}
+    if compute:
+        for c, layers in chunks.items():
+            grads.update(layer_grads(layers, mine[c].start))
+    return StageLog(events, peak, grads, sum(losses) if losses else None)
+
+
+@dataclass
+class PipelineRun:
+    """What a pipeline run brings back to the notebook."""
+    schedule: str
+    p: int
+    m: int
+    v: int
+    mode: str
+    events: list[Event] = field(repr=False)  # every F and B on every rank, seconds from 0
+    peak_live: list[int] = field(default_factory=list)  # per rank
+    grads: dict[int, torch.Tensor] = field(default_factory=dict, repr=False)  # layer -> gradient
+    loss: float | None = None
+
+    @classmethod
+    def from_logs(cls, schedule: str, m: int, v: int, mode: str,
+                  logs: list[StageLog]) -> "PipelineRun":
+        """Put one pipeline's stages together (in stage order), clocks starting at 0."""
+        events = [e for log in logs for e in log.events]
+        t0 = min((e.start for e in events), default=0.0)
+        return cls(schedule, len(logs), m, v, mode, [e.shifted(t0) for e in events],
+                   [log.peak_live for log in logs],
+                   {layer: g for log in logs for layer, g in log.grads.items()}, logs[-1].loss)
+
+    @property
+    def bubble_measured(self) -> float:
+        return measured_bubble(self.events, self.p)
+
+    @property
+    def bubble_theory(self) -> float:
+        return bubble_theory(self.p, self.m, self.v)
+
+    @property
+    def makespan(self) -> float:
+        return max(e.end for e in self.events) - min(e.start for e in self.events)
+
+    def summary(self) -> str:
+        v = f", v={self.v}" if self.v > 1 else ""
+        formula = "(p−1)/(v·m+p−1)" if self.v > 1 else "(p−1)/(m+p−1)"
+        how = "simulated" if self.mode == "simulated" else f"{self.mode} mode"
+        word = "simulated" if self.mode == "simulated" else "measured"
+        return (f"{self.schedule} p={self.p} m={self.m}{v} ({how}): bubble {word} "
+                f"{self.bubble_measured:.3f}, theory {formula} = {self.bubble_theory:.3f}")
+
+
+def run_pipeline(schedule: str = "1f1b", p: int = 2, m: int = 4, *, ranks=None,
+                 v: int | None = None, mode: str | None = None, t_f: float = T_F,
+                 t_b: float | None = None, config: MLPConfig = LECTURE,
+                 timeout: float = 60) -> PipelineRun:
+    """Run one training step of `schedule` on p live ranks and collect what they recorded.
+
+    mode: "compute" (real matmuls, the default while p <= cores) or "wait" (each F waits
+    t_f seconds and each B t_b = 2·t_f, using no CPU: the default when p > cores).
+    ranks: a `LiveRanks` on the gloo backend to reuse (resized to p); None spawns fresh ones.
+    All arguments are checked here, before any process starts.
+    """
+    v = check_schedule_args(p, m, schedule, v)
+    if mode is None:
+        mode = "compute" if p <= live_ranks.cpu_cores() else "wait"
+    check_choice("mode", mode, MODES)
+    check_model(p, m, v, config)  # wait mode too: same pipeline, no matmuls
+    t_b = 2 * t_f if t_b is None else t_b
+    check_number("t_f", t_f, 0, low_inclusive=False, unit="seconds")
+    check_number("t_b", t_b, 0, low_inclusive=False, unit="seconds")
+    live_ranks.check_world_size(p)
+    args = (schedule, m, v, mode, t_f, t_b, config)
+    if ranks is None:
+        logs = live_ranks.spawn(pipeline_rank, p, *args, backend="gloo", timeout=timeout)
+    else:
+        ranks.resize(p)
+        if ranks.backend != "gloo":
+            raise ValueError("ranks must be LiveRanks(..., backend='gloo'): the hand-written "
+                             f"schedules exchange CPU tensors, got backend={ranks.backend!r}")
+        logs = ranks.run(pipeline_rank, *args)
+    return PipelineRun.from_logs(schedule, m, v, mode, logs)
+
+
+def simulated_run(schedule: str = "1f1b", p: int = 2, m: int = 4, v: int | None = None,
+                  t_f: float = T_F, t_b: float | None = None) -> PipelineRun:
+    """The same record as `run_pipeline(mode="wait")`, computed instead of measured."""
+    v = check_schedule_args(p, m, schedule, v)
+    events = simulate(schedule, p, m, t_f, 2 * t_f if t_b is None else t_b, v)
+    return PipelineRun(schedule, p, m, v, "simulated", events,
+                       [peak_live(make_plan(schedule, p, m, r, v)) for r in range(p)])
+
+
+def replayed(run: PipelineRun) -> PipelineRun:
+    """`run` replayed with each F and B keeping its measured duration, but starting as soon as
+    its rank is free and its input exists: no message time, no wait for a CPU. What the schedule
+    alone makes of these durations; `run`'s idle time beyond it is waiting for something else."""
+    order = {r: sorted((e for e in run.events if e.rank == r), key=lambda e: e.start)
+             for r in range(run.p)}
+    done, free, events = {}, [0.0] * run.p, []
+    while len(events) < len(run.events):
+        for r, queue in order.items():
+            while queue:
+                e = queue[0]
+                dep = dependency(e.action, r, run.p, run.v)
+                if dep is not None and dep not in done:
+                    break
+                start = max(free[r], done[dep] if dep is not None else 0.0)
+                events.append(Event(r, e.kind, e.chunk, e.mb, start, start + e.duration))
+                done[Step(r, e.action)] = free[r] = start + e.duration
+                queue.pop(0)
+    return PipelineRun(run.schedule, run.p, run.m, run.v, "replayed", events, run.peak_live)
+
+
+def check_gradients(run: PipelineRun, ref: Reference) -> str:
+    """assert_close every layer's gradient against single-process training; say so."""
+    if sorted(run.grads) != sorted(ref.grads):
+        raise AssertionError(f"layers {sorted(run.grads)} vs reference {sorted(ref.grads)}")
+    for layer, g in ref.grads.items():
+        torch.testing.assert_close(run.grads[layer], g, msg=lambda s: f"layer {layer}: {s}")
+    torch.testing.assert_close(run.loss, ref.loss)
+    return (f"{run.schedule}: gradients of all {len(ref.grads)} layers equal single-process "
+            f"training (assert_close passed); loss {run.loss:.6f}")
+
+
+# ------------------------------------------------------------------------------------------
+# 3. PyTorch's own pipelining on the same model.
+# ------------------------------------------------------------------------------------------
+
+def torch_pipelining_rank(rank, world_size, schedule: str, m: int,
+                          config: MLPConfig = LECTURE, group=None) -> StageLog:
+    """One training step with torch.distributed.pipelining's ScheduleGPipe / Schedule1F1B,
+    stage group_rank(group) of p = group_size(group)."""
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+    device = rank_device()
+    s, p = group_rank(group), group_size(group)
+    mine = stage_range(s, p, config)
+    layers = mlp_layers(make_mlp(config), mine.start, mine.stop).to(device)
+    stage = PipelineStage(layers, s, p, device, group=group)
+    kind = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[schedule]
+    # loss_fn(output, target) is the mean within a micro-batch; the schedule divides the
+    # gradients by m (scale_grads=True): together the full-batch mean, as in `reference`.
+    runner = kind(stage, n_microbatches=m, loss_fn=lambda output, _target: mlp_loss(output))
+    losses = []
+    if s == 0:
+        runner.step(make_batch(config).to(device))
+    elif s == p - 1:  # the lecture's loss has no labels: the target is a placeholder
+        runner.step(target=torch.zeros(config.batch, device=device), losses=losses)
+    else:
+        runner.step()
+    loss = torch.stack(losses).mean().item() if losses else None
+    grads = {layer: g.cpu() for layer, g in layer_grads(layers, mine.start).items()}
+    return StageLog(grads=grads, loss=loss)
+
+
+def run_torch_pipelining(schedule: str = "1f1b", p: int = 2, m: int = 4, *, ranks=None,
+                         config: MLPConfig = LECTURE, timeout: float = 30) -> PipelineRun:
+    """Run `torch_pipelining_rank` on p >= 2 ranks (NCCL when there is a GPU per rank, gloo
+    otherwise); a hang becomes a RankTimeoutError after `timeout` seconds."""
+    check_choice("schedule", schedule, ("gpipe", "1f1b"))
+    check_int("p", p, low=2)
+    check_int("m", m)
+    check_model(p, m, 1, config)
+    args = (schedule, m, config)
+    if ranks is None:
+        logs = live_ranks.spawn(torch_pipelining_rank, p, *args, timeout=timeout)
+    else:
+        logs = ranks.resize(p).run(torch_pipelining_rank, *args)
+    return PipelineRun.from_logs(f"torch {schedule}", m, 1, "compute", logs)
+
+
+# ------------------------------------------------------------------------------------------
+# 4. The schedule alone: what the widget and the bubble sweep show.
+# ------------------------------------------------------------------------------------------
+
+def timed_schedule(schedule: str, p: int, m: int, ranks=None, t_f: float = 0.02,
+                   config: MLPConfig = LECTURE) -> PipelineRun:
+    """Simulate one schedule (ranks=None) or run it in wait mode on `ranks`, with one notional
+    layer per stage: this times the schedule, not the model (whose batch and hidden size
+    still set the messages' size). v = 2 for the interleaved schedule."""
+    if ranks is None:
+        return simulated_run(schedule, p, m, t_f=t_f)
+    stages = p * check_schedule_args(p, m, schedule)
+    return run_pipeline(schedule, p, m, ranks=ranks, mode="wait", t_f=t_f,
+                        config=config.with_(layers=stages))
+
+
+def bubble_sweep(ranks, ps=(2, 4), ms=(1, 2, 4, 8, 16), schedule: str = "1f1b",
+                 t_f: float = 0.01) -> list[PipelineRun]:
+    """Wait-mode runs on live `ranks` over a grid of (p, m), one run each."""
+    if ranks is None:
+        raise ValueError("ranks must be a LiveRanks: the sweep measures, it does not simulate")
+    return [timed_schedule(schedule, p, m, ranks, t_f) for p in ps for m in ms]
+
+
