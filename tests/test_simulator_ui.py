@@ -212,7 +212,7 @@ def test_sliders_rerun_on_release_and_threshold_only_rereads(monkeypatch):
     def no_search(*a, **k):
         raise AssertionError("the threshold must not re-run the search")
 
-    monkeypatch.setattr("helpers.views.simulator.run_curve", no_search)
+    monkeypatch.setattr("helpers.views.simulator.app.run_curve", no_search)
     app.threshold.value = 0.5
     assert app.curves["H100"].mfu_bar == pytest.approx(0.5 * H100_SXM.effective_utilization)
     assert app.curves["H100"].points == base.points
