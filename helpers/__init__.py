@@ -28,6 +28,10 @@
     simulator/         Epoch AI's training-cost model (notebook 06) and its command line
     views/             every figure and widget, one module per core module (views/tp.py draws parallel/tp.py
                        and cost/tp.py); `plot_*` returns a Figure, `widget_*` returns a widget, the notebook shows it
+        kit.py           what every view shares: figures as PNG bytes (once, or blitted), notebook outputs,
+                         plain-text log ticks and pinned labels (cheap redraws), human_bytes, FULL_LABEL
+        simulator/       notebook 06's, by concern: configuration.py (the record, presets, form values),
+                         figures.py, summary.py (words and tables), app.py (SimulatorApp, widget_simulator)
 
 Nothing outside views/ imports matplotlib or ipywidgets (tests/test_layout.py checks it).
 """
