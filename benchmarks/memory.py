@@ -4,7 +4,7 @@ FSDP against PyTorch's FSDP2, on gloo.
     python -m benchmarks.memory [--degrees 1 2 4] [--steps 8] [--rounds 3] [--hidden 128]
                                 [--layers 2]
 
-The model is notebook 08's (`helpers.parallel.memory_run.SMALL`: notebook 07's decoder,
+The model is notebook 08's (`helpers.configs.SMALL`: notebook 07's decoder,
 Ψ = 464,128 at the defaults); fp32 parameters, AdamW.
 
 Definitions (rank 0's numbers; every rank holds the same, up to the last shard's padding):
@@ -28,7 +28,8 @@ import json
 import statistics
 
 from helpers.cost.memory import STAGES, zero_memory_for
-from helpers.parallel import memory_run as mr
+from helpers.configs import SMALL
+from helpers.labs import memory as mr
 from helpers.ranks import LiveRanks, cpu_cores
 
 
@@ -37,12 +38,12 @@ def main(argv=None) -> dict:
     parser.add_argument("--degrees", type=int, nargs="+", default=[1, 2, 4])
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--hidden", type=int, default=mr.SMALL.hidden)
-    parser.add_argument("--layers", type=int, default=mr.SMALL.layers)
+    parser.add_argument("--hidden", type=int, default=SMALL.hidden)
+    parser.add_argument("--layers", type=int, default=SMALL.layers)
     args = parser.parse_args(argv)
     if args.steps < 3 or args.rounds < 1:
         parser.error("--steps must be >= 3 and --rounds >= 1")
-    config = mr.SMALL.with_(hidden=args.hidden, layers=args.layers)
+    config = SMALL.with_(hidden=args.hidden, layers=args.layers)
     for d in args.degrees:
         for stage in STAGES:
             mr.check_run(stage, d, config, args.steps)

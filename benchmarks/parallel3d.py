@@ -2,7 +2,7 @@
 
     python -m benchmarks.parallel3d [--rounds 5] [--steps 3]
 
-On 4 live gloo ranks (one thread each), `helpers.parallel.layouts.measure` runs the six
+On 4 live gloo ranks (one thread each), `helpers.labs.layouts.measure` runs the six
 layouts taking turns (round r: calibrate, then `steps` timed steps of each layout, built once
 and kept on the ranks; the median step of a round, then the median round), and
 `helpers.cost.parallel3d.predict` predicts each from that calibration.
@@ -19,7 +19,7 @@ import os
 from helpers.checks import check_int
 from helpers.cost.parallel3d import LAYOUTS_4, summary, table
 from helpers.configs import TRANSFORMER
-from helpers.parallel.layouts import measure
+from helpers.labs.layouts import measure
 from helpers.ranks import LiveRanks
 
 

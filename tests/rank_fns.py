@@ -69,13 +69,14 @@ def exit_hard_pipe_held_open(rank, world_size, hold_s=2.0):
 
 
 def mesh_against_device_mesh(rank, world_size, d, t, p):
-    """helpers.parallel.mesh's groups next to torch's DeviceMesh groups, as global rank lists."""
+    """helpers.parallel.mesh.build_groups' groups next to torch's DeviceMesh groups, as global rank lists."""
     from torch.distributed.device_mesh import init_device_mesh
 
-    from helpers.parallel.mesh import Groups, Mesh, build_groups
-    mesh = Mesh(d, t, p)
+    from helpers.layout import Groups, Layout
+    from helpers.parallel.mesh import build_groups
+    mesh = Layout(d, t, p)
     ours = build_groups(mesh)
-    device_mesh = init_device_mesh("cpu", mesh.shape, mesh_dim_names=Mesh.names)
+    device_mesh = init_device_mesh("cpu", mesh.shape, mesh_dim_names=Layout.names)
     return {"ours": Groups(*(dist.get_process_group_ranks(g) for g in ours)),
             "torch": Groups(*(dist.get_process_group_ranks(device_mesh.get_group(name))
                               for name in Groups._fields)),

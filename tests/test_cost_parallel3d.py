@@ -6,8 +6,9 @@ from types import SimpleNamespace
 import pytest
 
 from helpers.cost.alpha_beta import Fit
-from helpers.cost.parallel3d import (LAYOUTS_4, Breakdown, Calibration, Comparison, Layout,
-                                     Shape, busy_ranks, forward_flops, layout_problem,
+from helpers.layout import Layout
+from helpers.cost.parallel3d import (LAYOUTS_4, Breakdown, Calibration, Comparison,
+                                     Shape, busy_ranks, forward_flops,
                                      measured_breakdown, predict, shape_flops, shapes_used,
                                      stage_parameters, stages_used, summary, table)
 
@@ -101,10 +102,10 @@ def test_measured_breakdown_adds_up_to_the_step():
 
 
 def test_layouts_that_do_not_divide_the_model_are_named():
-    assert layout_problem(Layout(1, 4, 1), TINY) == (
+    assert Layout(1, 4, 1).problem(TINY) == (
         "heads must be a multiple of 4 (each of the t=4 TP ranks keeps whole heads), got 2")
-    assert "batch must be a multiple of 16" in layout_problem(Layout(2, 1, 2, 8), TINY)
-    assert "layers must be a multiple of 3" in layout_problem(Layout(1, 1, 3), TINY)
+    assert "batch must be a multiple of 16" in Layout(2, 1, 2, 8).problem(TINY)
+    assert "layers must be a multiple of 3" in Layout(1, 1, 3).problem(TINY)
     assert all(lay.world == 4 for lay in LAYOUTS_4) and len(set(LAYOUTS_4)) == 6
 
 

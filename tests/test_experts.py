@@ -11,7 +11,7 @@ from helpers.cost.experts import sent_bytes
 from helpers.configs import MOE, TRANSFORMER
 from helpers.models import (MoE, make_moe_batch, make_moe_transformer, make_tokens, moe_loss,
                             moe_transformer_loss, route)
-from helpers.parallel import experts as ep
+from helpers.labs import experts as ep_lab
 from helpers.ranks import LiveRanks
 
 DROPPING = MOE.with_(tokens=128, capacity_factor=1.0)   # tight: some slots are dropped
@@ -26,7 +26,7 @@ def ranks():
 def test_moe_decoder_expert_parallel_matches_one_process(ranks):
     config = TRANSFORMER.with_(layers=2, seq=16, batch=4, hidden=64)
     moe = MOE.with_(groups=2, capacity_factor=1.0)
-    results = ranks.resize(2).run(ep.ep_transformer_step, config, moe)
+    results = ranks.resize(2).run(ep_lab.ep_transformer_step, config, moe)
     model = make_moe_transformer(config, moe)
     tokens = make_tokens(config)
     loss = moe_transformer_loss(model, model(tokens.inputs), tokens.targets)
@@ -44,11 +44,11 @@ def test_moe_decoder_expert_parallel_matches_one_process(ranks):
 @pytest.mark.parametrize("e, top_k", [(2, 1), (2, 2), (4, 2), (4, 1)])
 def test_expert_parallel_matches_one_process(ranks, e, top_k):
     config = DROPPING.with_(top_k=top_k)
-    steps = ep.run_ep_step(ranks, e, config)
-    reference = ep.reference_step(config.with_(groups=e))
+    steps = ep_lab.run_ep_step(ranks, e, config)
+    reference = ep_lab.reference_step(config.with_(groups=e))
     assert reference.stats.dropped > 0
     assert sum(s.stats.dropped for s in steps) == reference.stats.dropped
-    assert ep.compare(steps, reference) < 1e-5
+    assert ep_lab.compare(steps, reference) < 1e-5
     # every expert's gradient came from exactly one rank
     names = [n for s in steps for n in s.grads if ".up." in n]
     assert sorted(names) == sorted(n for n in reference.grads if ".up." in n)
@@ -64,8 +64,8 @@ def test_expert_parallel_matches_one_process(ranks, e, top_k):
 
 
 def test_one_rank_is_the_one_process_layer(ranks):
-    steps = ep.run_ep_step(ranks, 1, DROPPING)
-    assert ep.compare(steps, ep.reference_step(DROPPING)) == 0
+    steps = ep_lab.run_ep_step(ranks, 1, DROPPING)
+    assert ep_lab.compare(steps, ep_lab.reference_step(DROPPING)) == 0
     assert steps[0].sent_bytes == 0
 
 
@@ -111,7 +111,7 @@ class Refuse:
 ])
 def test_bad_input_is_refused_before_any_process_starts(e, config, word):
     with pytest.raises((ValueError, TypeError), match=word):
-        ep.run_ep_step(Refuse(), e, config)
+        ep_lab.run_ep_step(Refuse(), e, config)
 
 
 @pytest.mark.parametrize("field, value, word", [
@@ -141,7 +141,7 @@ def test_widget_callback_at_the_controls_extremes(top_k, factor, skew, seed):
 def test_the_capacity_line_says_it_holds_per_sending_rank():
     """Drops happen per sending rank (one capacity group each), so a bar under the dashed line
     can still have drops: the default router shows it, and the legend has to say why."""
-    from helpers.parallel.experts import router_load
+    from helpers.labs.experts import router_load
     from helpers.views.experts import plot_token_load
     load = router_load(MOE, 4)
     under = [d for k, d in zip(load.kept, load.dropped) if k + d < load.e * load.capacity]

@@ -4,7 +4,8 @@ import torch
 
 from helpers.cost import memory as cost
 from helpers.models import lm_loss, make_tokens, make_transformer, transformer_forward
-from helpers.parallel import memory_run as mr
+from helpers.configs import SMALL
+from helpers.labs import memory as mr
 from helpers.parallel.memory import CommLog, PeakMemory, SavedActivations, storage_bytes
 
 
@@ -13,7 +14,7 @@ def shape_of(config):
                                 config.layers, config.vocab)
 
 
-@pytest.mark.parametrize("config", [mr.SMALL, mr.SMALL.with_(heads=2, layers=3, vocab=100)])
+@pytest.mark.parametrize("config", [SMALL, SMALL.with_(heads=2, layers=3, vocab=100)])
 @pytest.mark.parametrize("checkpointed", [False, True])
 def test_saved_activations_are_the_formula_byte_for_byte(config, checkpointed):
     model, tokens = make_transformer(config), make_tokens(config)
@@ -25,7 +26,7 @@ def test_saved_activations_are_the_formula_byte_for_byte(config, checkpointed):
 
 
 def test_checkpointing_gives_the_same_gradients():
-    model, tokens = make_transformer(mr.SMALL), make_tokens(mr.SMALL)
+    model, tokens = make_transformer(SMALL), make_tokens(SMALL)
     grads = []
     for checkpointed in (False, True):
         lm_loss(transformer_forward(model, tokens.inputs, checkpointed), tokens.targets).backward()

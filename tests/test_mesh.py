@@ -1,7 +1,8 @@
 """helpers.parallel.mesh: coordinates and groups of the 3-D mesh, equal to torch's DeviceMesh."""
 import pytest
 
-from helpers.parallel.mesh import Coords, Groups, Mesh, RankPlace, factorizations, place
+from helpers.labs.parallel3d import RankPlace, place
+from helpers.layout import Coords, Groups, Layout, factorizations
 from helpers.ranks import LiveRanks
 from tests import rank_fns
 
@@ -11,8 +12,8 @@ def NAME(mesh):  # test ids
 
 
 def test_tp_varies_fastest_then_dp_then_pp():
-    mesh = Mesh(d=2, t=2, p=2)
-    assert mesh.world == 8 and mesh.shape == (2, 2, 2) and Mesh.names == ("pp", "dp", "tp")
+    mesh = Layout(d=2, t=2, p=2)
+    assert mesh.world == 8 and mesh.shape == (2, 2, 2) and Layout.names == ("pp", "dp", "tp")
     assert [tuple(mesh.coords(r)) for r in range(8)] == [
         (0, 0, 0), (0, 1, 0), (1, 0, 0), (1, 1, 0), (0, 0, 1), (0, 1, 1), (1, 0, 1), (1, 1, 1)]
     assert mesh.coords(5) == Coords(dp=0, tp=1, pp=1)
@@ -22,7 +23,7 @@ def test_tp_varies_fastest_then_dp_then_pp():
     assert mesh.groups_of(6) == Groups(dp=[4, 6], tp=[6, 7], pp=[2, 6])
 
 
-@pytest.mark.parametrize("mesh", factorizations(12) + [Mesh(3, 1, 1), Mesh(1, 1, 1)], ids=NAME)
+@pytest.mark.parametrize("mesh", factorizations(12) + [Layout(3, 1, 1), Layout(1, 1, 1)], ids=NAME)
 def test_coordinates_and_groups_are_consistent(mesh):
     assert [mesh.rank(*mesh.coords(r)) for r in range(mesh.world)] == list(range(mesh.world))
     for dim, blocks in zip(Groups._fields, mesh.groups()):
@@ -43,13 +44,13 @@ def test_factorizations_of_4():
 
 def test_bad_degrees_and_worlds_are_refused_naming_them():
     with pytest.raises(ValueError, match="t must be >= 1, got 0"):
-        Mesh(2, 0, 2)
+        Layout(2, 0, 2)
     with pytest.raises(TypeError, match="p must be an int"):
-        Mesh(2, 2, 2.0)
+        Layout(2, 2, 2.0)
     with pytest.raises(ValueError, match=r"world_size must be d·t·p = 2·2·1 = 4, got 8"):
-        Mesh(2, 2, 1).check_world_size(8)
+        Layout(2, 2, 1).check_world_size(8)
     with pytest.raises(ValueError, match="rank must be between 0 and 3, got 4"):
-        Mesh(2, 2, 1).coords(4)
+        Layout(2, 2, 1).coords(4)
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +59,7 @@ def live():
         yield ranks
 
 
-@pytest.mark.parametrize("mesh", factorizations(4) + [Mesh(2, 2, 2)], ids=NAME)
+@pytest.mark.parametrize("mesh", factorizations(4) + [Layout(2, 2, 2)], ids=NAME)
 def test_groups_on_live_ranks_equal_device_mesh_groups(live, mesh):
     live.resize(mesh.world)
     got = live.run(rank_fns.mesh_against_device_mesh, mesh.d, mesh.t, mesh.p)
@@ -70,7 +71,7 @@ def test_groups_on_live_ranks_equal_device_mesh_groups(live, mesh):
 
 def test_place_reports_each_ranks_coordinates_and_groups(live):
     live.resize(4)
-    mesh = Mesh(2, 2, 1)
+    mesh = Layout(2, 2, 1)
     assert live.run(place, 2, 2, 1) == [
         RankPlace(rank=r, coords=mesh.coords(r), members=mesh.groups_of(r)) for r in range(4)]
 
@@ -81,7 +82,7 @@ def test_a_wrong_world_is_refused_on_the_ranks(live):
         live.run(place, 2, 2, 2)
 
 
-@pytest.mark.parametrize("mesh", [Mesh(2, 2, 2), Mesh(4, 1, 1), Mesh(1, 1, 1)], ids=NAME)
+@pytest.mark.parametrize("mesh", [Layout(2, 2, 2), Layout(4, 1, 1), Layout(1, 1, 1)], ids=NAME)
 def test_plot_mesh_draws_every_rank_and_every_link(mesh):
     import matplotlib
     matplotlib.use("Agg")

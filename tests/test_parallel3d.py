@@ -8,8 +8,9 @@ import torch.distributed as dist
 from helpers.configs import TRANSFORMER
 from helpers.models import lm_loss, make_tokens, make_transformer
 from helpers.parallel import parallel3d as p3
+from helpers.labs import parallel3d as lab3d
 from helpers.parallel.groups import split_groups
-from helpers.parallel.mesh import factorizations
+from helpers.layout import factorizations
 from helpers.parallel.tp_transformer import SHARDED_DIMS, shard_block, shard_dim
 from helpers.ranks import LiveRanks, RankError
 
@@ -39,15 +40,15 @@ def eight():
 
 @pytest.fixture(scope="module")
 def one_step():
-    return p3.reference_3d(SMALL, steps=1)
+    return lab3d.reference_3d(SMALL, steps=1)
 
 
 @pytest.fixture(scope="module")
 def two_steps():
-    return p3.reference_3d(SMALL, steps=2, lr=LR)
+    return lab3d.reference_3d(SMALL, steps=2, lr=LR)
 
 
-def assert_matches(whole: p3.Whole, reference: p3.Whole, params: bool = False):
+def assert_matches(whole: lab3d.Whole, reference: lab3d.Whole, params: bool = False):
     """Loss, every gradient (and parameter) within assert_close's float32 tolerances."""
     torch.testing.assert_close(torch.tensor(whole.losses), torch.tensor(reference.losses))
     assert list(whole.grads) == list(reference.grads)  # every parameter, in the model's order
@@ -69,30 +70,30 @@ def test_the_four_rank_factorizations_are_the_six_of_the_issue():
 
 @pytest.mark.parametrize("d,t,p", FOUR)
 def test_loss_and_every_gradient_match_single_process(four, one_step, d, t, p):
-    results = p3.run_3d(four, d, t, p, M, SMALL)
-    assert_matches(p3.assemble(results), one_step)
-    assert p3.replicas_agree(results)
+    results = lab3d.run_3d(four, d, t, p, M, SMALL)
+    assert_matches(lab3d.assemble(results), one_step)
+    assert lab3d.replicas_agree(results)
     # the loss lives on the last stage only
     assert [r.loss is not None for r in results] == [r.coords.pp == p - 1 for r in results]
 
 
 @pytest.mark.parametrize("d,t,p", FOUR)
 def test_parameters_after_two_adamw_steps_match(four, two_steps, d, t, p):
-    results = p3.run_3d(four, d, t, p, M, SMALL, steps=2, optimizer="adamw", lr=LR)
-    assert_matches(p3.assemble(results), two_steps, params=True)
+    results = lab3d.run_3d(four, d, t, p, M, SMALL, steps=2, optimizer="adamw", lr=LR)
+    assert_matches(lab3d.assemble(results), two_steps, params=True)
     moved = max((two_steps.params[n] - q).abs().max().item()
                 for n, q in make_transformer(SMALL).named_parameters())
     assert moved > LR / 2  # far outside the tolerance: a wrong update could not hide
 
 
 def test_2x2x2_on_eight_ranks_matches_loss_gradients_and_parameters(eight, two_steps):
-    results = p3.run_3d(eight, 2, 2, 2, M, SMALL, steps=2, lr=LR)
-    assert_matches(p3.assemble(results), two_steps, params=True)
-    assert p3.replicas_agree(results)
+    results = lab3d.run_3d(eight, 2, 2, 2, M, SMALL, steps=2, lr=LR)
+    assert_matches(lab3d.assemble(results), two_steps, params=True)
+    assert lab3d.replicas_agree(results)
 
 
 def test_shards_are_named_after_the_parameter_they_slice(four, one_step):
-    results = p3.run_3d(four, 1, 2, 2, M, SMALL)
+    results = lab3d.run_3d(four, 1, 2, 2, M, SMALL)
     for r in results:
         for name, grad in r.grads.items():
             shard = r.shards[name]
@@ -109,7 +110,7 @@ def test_shards_are_named_after_the_parameter_they_slice(four, one_step):
 # --- tensor parallelism alone -------------------------------------------------------------
 
 def test_replicated_parameters_get_identical_gradients_on_the_tp_group(four):
-    results = p3.run_3d(four, 1, 4, 1, M, SMALL)
+    results = lab3d.run_3d(four, 1, 4, 1, M, SMALL)
     replicated = [n for n in results[0].grads if shard_dim(n) is None]
     assert {"embed.tokens.weight", "blocks.0.attn_norm.weight", "blocks.3.mlp_norm.bias",
             "head.norm.weight", "head.out.weight"} <= set(replicated)
@@ -161,7 +162,7 @@ def test_two_tp_groups_of_two_each_match_their_own_block(four):
 
 def test_timeline_has_every_kind_of_span_in_order(eight):
     d, t, p = 2, 2, 2
-    results = p3.run_3d(eight, d, t, p, M, SMALL, steps=2, timeline=True)
+    results = lab3d.run_3d(eight, d, t, p, M, SMALL, steps=2, timeline=True)
     blocks = SMALL.layers // p
     for r in results:
         spans = r.timeline
@@ -176,18 +177,18 @@ def test_timeline_has_every_kind_of_span_in_order(eight):
         assert sum(s.kind == "dp_comm" for s in spans) == 1  # DDP waits once per step
         labels = {s.label for s in spans if s.kind == "compute"}
         assert labels == {f"{k} {mb}" for k in "FB" for mb in range(M)}
-    assert all(r.timeline is None for r in p3.run_3d(eight, d, t, p, M, SMALL))
+    assert all(r.timeline is None for r in lab3d.run_3d(eight, d, t, p, M, SMALL))
 
 
 # --- the measurement path: layouts kept built on the ranks --------------------------------
 
 def test_a_cached_layout_starts_from_the_single_process_step_and_is_built_once(four, one_step):
-    from helpers.cost.parallel3d import Layout
+    from helpers.layout import Layout
     from helpers.parallel import layouts
     four.resize(4).run(layouts.forget_layouts)
     lay = Layout(1, 2, 2, M)
     results = layouts.first_steps(four, lay, SMALL)
-    assert_matches(p3.assemble(results), one_step)
+    assert_matches(lab3d.assemble(results), one_step)
     run = layouts.run_layout(four, lay, SMALL, steps=3)
     assert len(run.steps_s) == 3 and run.step_s == sorted(run.steps_s)[1]
     for spans in run.timelines:  # the optimizer step closes every rank's step
@@ -203,7 +204,8 @@ def test_the_widget_shows_text_and_both_figures_in_one_update(four):
     import re
 
     from helpers.cost.alpha_beta import Fit
-    from helpers.cost.parallel3d import Calibration, Layout, shapes_used, stages_used
+    from helpers.cost.parallel3d import Calibration, shapes_used, stages_used
+    from helpers.layout import Layout
     from helpers.views.parallel3d import widget_parallel3d
     lay = Layout(1, 2, 2, M)
     calibration = Calibration(   # prices this one layout: 1 ms a piece, 10 µs a message
@@ -228,29 +230,29 @@ def test_the_widget_shows_text_and_both_figures_in_one_update(four):
 
 def test_torch_device_mesh_tp_fsdp2_and_pipelining_together_on_8_ranks(eight, one_step):
     """All three of PyTorch's pieces run on gloo in torch 2.13: same loss and gradients."""
-    results = p3.run_torch_3d(eight, 2, 2, 2, M, SMALL, data_parallel="fsdp")
-    assert_matches(p3.assemble(results), one_step)
+    results = lab3d.run_torch_3d(eight, 2, 2, 2, M, SMALL, data_parallel="fsdp")
+    assert_matches(lab3d.assemble(results), one_step)
 
 
 @pytest.mark.parametrize("d,t,p", [(2, 2, 1), (2, 1, 2), (1, 2, 2)])
 def test_torch_pieces_two_at_a_time_on_4_ranks(four, two_steps, d, t, p):
-    results = p3.run_torch_3d(four, d, t, p, M, SMALL, steps=2, lr=LR, data_parallel="fsdp")
-    assert_matches(p3.assemble(results), two_steps, params=True)
+    results = lab3d.run_torch_3d(four, d, t, p, M, SMALL, steps=2, lr=LR, data_parallel="fsdp")
+    assert_matches(lab3d.assemble(results), two_steps, params=True)
 
 
 def test_torch_ddp_with_pipelining_runs_one_step_only(four, one_step):
-    results = p3.run_torch_3d(four, 2, 1, 2, M, SMALL, data_parallel="ddp")
-    assert_matches(p3.assemble(results), one_step)
-    with pytest.raises(RankError, match=p3.DDP_WITH_PP_ERROR):
-        p3.run_torch_3d(four, 2, 1, 2, M, SMALL, steps=2, data_parallel="ddp")
+    results = lab3d.run_torch_3d(four, 2, 1, 2, M, SMALL, data_parallel="ddp")
+    assert_matches(lab3d.assemble(results), one_step)
+    with pytest.raises(RankError, match=lab3d.DDP_WITH_PP_ERROR):
+        lab3d.run_torch_3d(four, 2, 1, 2, M, SMALL, steps=2, data_parallel="ddp")
 
 
 def test_torch_ddp_around_tensor_parallel_dtensors_fails_on_gloo(four):
     """DDP × TP does not run: DDP's broadcast of the starting weights concatenates plain
     tensors with TP's DTensors (torch 2.13, gloo)."""
     with pytest.raises(RankError) as error:
-        p3.run_torch_3d(four, 2, 2, 1, M, SMALL, data_parallel="ddp")
-    assert p3.DDP_WITH_TP_ERROR in str(error.value)
+        lab3d.run_torch_3d(four, 2, 2, 1, M, SMALL, data_parallel="ddp")
+    assert lab3d.DDP_WITH_TP_ERROR in str(error.value)
 
 
 # --- bad input ----------------------------------------------------------------------------
@@ -258,25 +260,25 @@ def test_torch_ddp_around_tensor_parallel_dtensors_fails_on_gloo(four):
 def test_bad_arguments_fail_in_the_parent_before_any_rank_starts():
     idle = LiveRanks(4, backend="gloo")
     with pytest.raises(ValueError, match="heads"):
-        p3.run_3d(idle, 1, 3, 1, M, SMALL.with_(heads=2, hidden=64))
+        lab3d.run_3d(idle, 1, 3, 1, M, SMALL.with_(heads=2, hidden=64))
     with pytest.raises(ValueError, match="layers"):
-        p3.run_3d(idle, 1, 1, 3, M, SMALL)
+        lab3d.run_3d(idle, 1, 1, 3, M, SMALL)
     with pytest.raises(ValueError, match="batch"):
-        p3.run_3d(idle, 2, 1, 2, 3, SMALL)
+        lab3d.run_3d(idle, 2, 1, 2, 3, SMALL)
     with pytest.raises(ValueError, match="optimizer"):
-        p3.run_3d(idle, 1, 1, 4, M, SMALL, optimizer="lion")
+        lab3d.run_3d(idle, 1, 1, 4, M, SMALL, optimizer="lion")
     with pytest.raises(ValueError, match="steps"):
-        p3.run_3d(idle, 1, 1, 4, M, SMALL, steps=0)
+        lab3d.run_3d(idle, 1, 1, 4, M, SMALL, steps=0)
     with pytest.raises(ValueError, match="m must be >= 4"):
-        p3.run_torch_3d(idle, 1, 1, 4, 2, SMALL)
+        lab3d.run_torch_3d(idle, 1, 1, 4, 2, SMALL)
     with pytest.raises(ValueError, match="data_parallel"):
-        p3.run_torch_3d(idle, 2, 1, 2, 2, SMALL, data_parallel="zero")
+        lab3d.run_torch_3d(idle, 2, 1, 2, 2, SMALL, data_parallel="zero")
     assert idle.pids == []
     idle.close()
 
 
 def test_reference_is_plain_training():
-    reference = p3.reference_3d(SMALL)
+    reference = lab3d.reference_3d(SMALL)
     model = make_transformer(SMALL)
     loss = lm_loss(model(make_tokens(SMALL).inputs), make_tokens(SMALL).targets)
     loss.backward()

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from helpers.parallel.parallel3d import reference_3d
+from helpers.labs.parallel3d import reference_3d
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TORCHRUN = os.path.join(os.path.dirname(sys.executable), "torchrun")

@@ -4,12 +4,14 @@ side (global ranks); the context-parallel decoder; the online softmax alone; bad
 import pytest
 import torch
 
-from helpers.configs import TRANSFORMER
+from helpers.configs import TRANSFORMER, RingConfig
+from helpers.cost.context import formula_bytes
 from helpers.parallel import ring_attention as ra
+from helpers.labs import ring_attention as ra_lab
 from helpers.parallel.groups import split_groups
 from helpers.ranks import LiveRanks
 
-SMALL = ra.RingConfig(batch=1, heads=2, seq=32, head_dim=8)
+SMALL = RingConfig(batch=1, heads=2, seq=32, head_dim=8)
 
 
 @pytest.fixture(scope="module")
@@ -20,38 +22,38 @@ def ranks():
 
 @pytest.fixture(scope="module")
 def reference():
-    return ra.reference(SMALL)
+    return ra_lab.reference(SMALL)
 
 
 def two_rings(rank, world_size, layout):
     """Rank function: ranks {0, 1} and {2, 3} each run their own ring."""
     group = split_groups([[0, 1], [2, 3]])
-    return ra.ring_step(rank, world_size, SMALL, layout, group=group)
+    return ra_lab.ring_step(rank, world_size, SMALL, layout, group=group)
 
 
 def test_two_rings_side_by_side_use_global_ranks(ranks, reference):
     steps = ranks.resize(4).run(two_rings, "zigzag")
     for ring in (steps[:2], steps[2:]):
-        assert ra.compare(ring, reference, "zigzag") < 1e-5
+        assert ra_lab.compare(ring, reference, "zigzag") < 1e-5
 
 
 # Ordered so that the live ranks change size as rarely as possible (starting one costs seconds).
 @pytest.mark.parametrize("c, layout", [(4, "zigzag"), (4, "naive"), (2, "naive"), (2, "zigzag")])
 def test_ring_matches_full_attention_forward_and_backward(ranks, reference, c, layout):
-    steps = ra.run_ring_step(ranks, c, SMALL, layout)
-    assert ra.compare(steps, reference, layout) < 1e-5
+    steps = ra_lab.run_ring_step(ranks, c, SMALL, layout)
+    assert ra_lab.compare(steps, reference, layout) < 1e-5
     for step in steps:
-        assert step.sent_bytes == ra.formula_bytes(c, SMALL)
+        assert step.sent_bytes == formula_bytes(c, SMALL)
     waits = [s for step in steps for s in step.spans if s.kind == "wait"]
     assert len(waits) == len(steps) * (0 if c == 1 else 3 * c - 2)   # (c−1) + (c−1) + c hops
-    assert 0 <= ra.idle_share(steps) < 1
+    assert 0 <= ra_lab.idle_share(steps) < 1
 
 
 @pytest.mark.parametrize("layout", ["zigzag", "naive"])
 def test_context_parallel_decoder_matches_one_process(ranks, layout):
     config = TRANSFORMER.with_(layers=1, seq=16, batch=2, hidden=32, heads=2, vocab=64)
-    results = ranks.resize(2).run(ra.cp_transformer_step, config, layout)
-    reference = ra.reference_transformer_step(config)
+    results = ranks.resize(2).run(ra_lab.cp_transformer_step, config, layout)
+    reference = ra_lab.reference_transformer_step(config)
     assert results[0].loss == pytest.approx(reference.loss, abs=1e-5)
     for name, grad in reference.grads.items():
         torch.testing.assert_close(results[0].grads[name], grad, atol=1e-5, rtol=1e-4, msg=name)
@@ -60,17 +62,17 @@ def test_context_parallel_decoder_matches_one_process(ranks, layout):
 def test_wait_mode_runs_the_schedule_without_arithmetic(ranks):
     """Wait mode sleeps instead of computing; the spans still make a timeline (its idle share
     is compared with the model in notebook 09 and the benchmark, never asserted: timing)."""
-    steps = ranks.resize(2).run(ra.timed_ring_steps, SMALL, "naive", 1, 1, 0.02)
-    assert 0 <= ra.summarize(steps).idle_share < 1
-    assert ra.check_ring(2, SMALL, "naive", 0.02) is None
+    steps = ranks.resize(2).run(ra_lab.timed_ring_steps, SMALL, "naive", 1, 1, 0.02)
+    assert 0 <= ra_lab.summarize(steps).idle_share < 1
+    assert ra_lab.check_ring(2, SMALL, "naive", 0.02) is None
     with pytest.raises(ValueError, match="pause_s"):
-        ra.check_ring(2, SMALL, "naive", 5.0)
+        ra_lab.check_ring(2, SMALL, "naive", 5.0)
 
 
 def test_one_rank_is_full_attention(ranks, reference):
-    steps = ra.run_ring_step(ranks, 1, SMALL, "naive")
-    assert ra.compare(steps, reference, "naive") < 1e-5
-    assert steps[0].sent_bytes == 0 and ra.idle_share(steps) == 0
+    steps = ra_lab.run_ring_step(ranks, 1, SMALL, "naive")
+    assert ra_lab.compare(steps, reference, "naive") < 1e-5
+    assert steps[0].sent_bytes == 0 and ra_lab.idle_share(steps) == 0
 
 
 def test_local_and_assemble_are_inverse():
@@ -93,12 +95,12 @@ def test_merge_of_two_key_blocks_is_the_softmax_over_both():
 
 def test_idle_share_from_spans():
     def step(*spans):
-        return ra.RingStep(None, (), 0, tuple(ra.Span(kind, phase, 0, a, b) for kind, phase, a, b in spans))
+        return ra_lab.RingStep(None, (), 0, tuple(ra.Span(kind, phase, 0, a, b) for kind, phase, a, b in spans))
     busy = step(("compute", "forward", 0.0, 4.0), ("compute", "backward", 10.0, 12.0))
     waiting = step(("compute", "forward", 0.0, 1.0), ("wait", "forward", 1.0, 3.0),  # done at 3 of 4
                    ("compute", "backward", 10.0, 12.0))
     # idle: 2 s waiting + 1 s done early; busy 4 + 1 forward, 2 + 2 backward; the gap 4-10 s is neither
-    assert ra.idle_share([busy, waiting]) == pytest.approx(3 / (3 + 9))
+    assert ra_lab.idle_share([busy, waiting]) == pytest.approx(3 / (3 + 9))
 
 
 class Refuse:
@@ -108,13 +110,13 @@ class Refuse:
 
 @pytest.mark.parametrize("c, config, layout, word", [
     (3, SMALL, "zigzag", "seq must be a multiple of 6"),
-    (4, ra.RingConfig(seq=36), "zigzag", "seq must be a multiple of 8"),
+    (4, RingConfig(seq=36), "zigzag", "seq must be a multiple of 8"),
     (0, SMALL, "naive", "c must be"),
     (2, SMALL, "striped", "layout must be one of"),
 ])
 def test_bad_input_is_refused_before_any_process_starts(c, config, layout, word):
     with pytest.raises(ValueError, match=word):
-        ra.run_ring_step(Refuse(), c, config, layout)
+        ra_lab.run_ring_step(Refuse(), c, config, layout)
 
 
 def test_figures_draw(ranks):
@@ -122,9 +124,9 @@ def test_figures_draw(ranks):
     matplotlib.use("Agg")
     from helpers.views.ring_attention import (ScalingPoint, plot_causal_split, plot_ring_scaling,
                                               plot_ring_timeline)
-    steps = ranks.resize(2).run(ra.ring_step, SMALL, "naive")
+    steps = ranks.resize(2).run(ra_lab.ring_step, SMALL, "naive")
     assert plot_ring_timeline({"naive": steps}).axes
     assert plot_causal_split(2).axes
-    points = [ScalingPoint(c, s, 0.01 * c, ra.formula_bytes(c, SMALL), ra.formula_bytes(c, SMALL))
+    points = [ScalingPoint(c, s, 0.01 * c, formula_bytes(c, SMALL), formula_bytes(c, SMALL))
               for c in (1, 2) for s in (32, 64)]
     assert plot_ring_scaling(points).axes

@@ -5,7 +5,8 @@ Rank functions used here are defined at module level: spawned ranks import `test
 import pytest
 import torch
 
-from helpers.parallel import memory_run as mr
+from helpers.configs import SMALL
+from helpers.labs import memory as mr
 from helpers.parallel.groups import split_groups
 from helpers.ranks import LiveRanks
 from tests.test_memory_measured import check_measured_like_the_formulas
@@ -60,7 +61,7 @@ def test_stage2_keeps_a_shard_of_the_gradients(results):
 
 
 def test_stages_hand_reduce_scatter_and_all_gather_of_the_whole_bucket(results):
-    psi4 = 4 * mr.SMALL.parameters
+    psi4 = 4 * SMALL.parameters
     for d in (2, 4):
         assert results[(0, d)].run.comm.keys() == {"all_reduce"}
         for stage in (1, 2):
@@ -71,14 +72,14 @@ def test_stages_hand_reduce_scatter_and_all_gather_of_the_whole_bucket(results):
 
 
 def pair_stage(rank, world_size, stage):
-    config = mr.SMALL.with_(seed=10 * (rank // 2))
+    config = SMALL.with_(seed=10 * (rank // 2))
     return mr.train_stage(rank, world_size, stage, 3, config, group=split_groups(PAIRS))
 
 
 def test_two_groups_of_two_each_train_their_own_model(ranks):
     runs = ranks.resize(4).run(pair_stage, 2)
     for members in PAIRS:
-        reference = mr.train_reference(3, mr.SMALL.with_(seed=10 * (members[0] // 2)))
+        reference = mr.train_reference(3, SMALL.with_(seed=10 * (members[0] // 2)))
         for r in members:
             torch.testing.assert_close(runs[r].params, reference)
     assert not torch.equal(runs[0].params["embed.tokens.weight"],

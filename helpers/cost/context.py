@@ -122,3 +122,11 @@ def ring_schedule_idle(c: int, layout: str) -> float:
     busy = 3 * sum(map(sum, work))
     span = max(forward_end) + (max(backward_end) - min(forward_end))
     return 1 - busy / (c * span)
+
+
+def formula_bytes(c: int, config) -> int:
+    """Per-rank bytes of one ring-attention step (forward and backward) of `config` (a
+    `helpers.configs.RingConfig`) over c ranks."""
+    return ring_bytes(c, config.batch, config.heads, config.seq, config.head_dim)
+
+

@@ -55,3 +55,11 @@ def check_expert_degree(e: int, experts: int) -> int:
     """e must divide the experts: each rank keeps E/e whole experts."""
     check_int("e", e)
     return check_divisible("experts", experts, e, f"each of the e={e} ranks keeps experts/e experts")
+
+
+def formula_bytes(e: int, config, bytes_per_element: int = 4) -> float:
+    """Per-rank bytes of one step of `config` (a `helpers.configs.MoEConfig`) with a balanced
+    router and no drops."""
+    return moe_step_bytes(e, config.tokens // e, config.top_k, config.hidden, bytes_per_element)
+
+

@@ -26,10 +26,10 @@ import statistics
 from dataclasses import dataclass
 from typing import Iterable, Mapping
 
-from helpers.checks import check_int
 from helpers.cost.alpha_beta import Fit, relative_error
 from helpers.cost.bubble import bubble_theory
 from helpers.cost.schedules import simulate
+from helpers.layout import Layout
 
 BYTES_PER_FLOAT = 4  # float32 activations, gradients and weights
 
@@ -73,50 +73,10 @@ def forward_flops(tokens: int, hidden: int, seq: int, vocab: int, layers: int) -
 # Layouts.
 # ----------------------------------------------------------------------------------------
 
-@dataclass(frozen=True, order=True)
-class Layout:
-    """d-way data × t-way tensor × p-way pipeline parallelism, m micro-batches per step."""
-    d: int
-    t: int
-    p: int
-    m: int = 1
-
-    def __post_init__(self):
-        for name in ("d", "t", "p", "m"):
-            check_int(name, getattr(self, name))
-
-    @property
-    def world(self) -> int:
-        return self.d * self.t * self.p
-
-    def __str__(self) -> str:
-        return f"{self.d}·{self.t}·{self.p} m={self.m}"
-
-
 # The six ways to lay 4 ranks out, each with m = 4 micro-batches where there is a pipeline
 # to fill (m = 1 otherwise: without a pipeline, micro-batches only shrink the matmuls).
 LAYOUTS_4 = (Layout(4, 1, 1), Layout(1, 4, 1), Layout(1, 1, 4, 4),
              Layout(2, 2, 1), Layout(2, 1, 2, 4), Layout(1, 2, 2, 4))
-
-
-def layout_problem(layout: Layout, config) -> str | None:
-    """Why `layout` cannot run `config` (in the wording of helpers.checks), or None if it can:
-    t must divide the heads, p the blocks, d·m the sequences of the batch."""
-    for name, value, by, why in (
-            ("heads", config.heads, layout.t, f"each of the t={layout.t} TP ranks keeps whole heads"),
-            ("layers", config.layers, layout.p, f"each of the p={layout.p} stages gets as many blocks"),
-            ("batch", config.batch, layout.d * layout.m,
-             f"d·m = {layout.d}·{layout.m} equal micro-batches of whole sequences")):
-        if value % by:
-            return f"{name} must be a multiple of {by} ({why}), got {value}"
-    return None
-
-
-def check_layout(layout: Layout, config) -> Layout:
-    problem = layout_problem(layout, config)
-    if problem:
-        raise ValueError(problem)
-    return layout
 
 
 # ----------------------------------------------------------------------------------------
@@ -302,7 +262,7 @@ def predict(layout: Layout, config, calibration: Calibration) -> Prediction:
     slowest replica (`lateness[d]` × its compute), and steps its optimizer; the step ends
     with the last stage to finish that.
     """
-    check_layout(layout, config)
+    layout.check(config)
     d, t, p, m = layout.d, layout.t, layout.p, layout.m
     act = activation_bytes(layout, config)
     blocks = config.layers // p

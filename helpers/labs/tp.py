@@ -18,6 +18,7 @@ from helpers.checks import check_choice, check_int
 from helpers.configs import LECTURE, MLPConfig
 from helpers.cost.tp import (check_config, formula_activation_bytes, formula_bytes,
                              formula_collectives, kind_of)
+from helpers.launch.host import intra_op_threads
 from helpers.models import make_batch, make_mlp, mlp_loss
 from helpers.parallel.groups import group_rank, group_size, rank_device, split_groups
 from helpers.parallel.tp import (ColumnParallelLinear, CommSummary, RowParallelLinear, all_gather,
@@ -185,10 +186,7 @@ def timed_steps(rank: int, world_size: int, layout: str = "megatron", config: ML
     """Time forward + backward steps (barrier before each clock read, so a step ends when
     every rank is done); count the collectives and the seconds spent inside them.
     `threads` overrides this rank's intra-op threads for the timing (restored afterwards)."""
-    previous = torch.get_num_threads()
-    if threads:
-        torch.set_num_threads(threads)
-    try:
+    with intra_op_threads(threads):
         model, x = _build(layout, config, bias=False)
         sync = (lambda: (torch.cuda.synchronize(), dist.barrier())) if x.is_cuda else dist.barrier
         logs = []
@@ -201,8 +199,6 @@ def timed_steps(rank: int, world_size: int, layout: str = "megatron", config: ML
             logs.append(log)
 
         m = measure(step, f"{layout} t={world_size} step", repeat=repeat, warmup=warmup, sync=sync)
-    finally:
-        torch.set_num_threads(previous)
     timed = [summarize(log) for log in logs[warmup:]]
     return TimedSteps(m, timed[-1], tuple(s.seconds / dt for s, dt in zip(timed, m.times_s)))
 
@@ -374,14 +370,9 @@ def measure_cpu_flops(config: MLPConfig = LECTURE, tokens: int = 512,
     least one thread, so it is rounded and floored at 1.
     """
     check_int("tokens", tokens)
-    previous = torch.get_num_threads()
-    if threads:
-        torch.set_num_threads(max(1, round(threads)))
-    try:
+    with intra_op_threads(max(1, round(threads)) if threads else None):
         a, w = torch.randn(tokens, config.hidden), torch.randn(config.hidden, config.hidden)
         m = measure(lambda: a @ w, "matmul", repeat=5, warmup=2)
-    finally:
-        torch.set_num_threads(previous)
     return 2 * tokens * config.hidden**2 / m.median
 
 

@@ -24,7 +24,6 @@ Bytes are counted per rank as what it hands to the network: every row it sends t
 """
 from __future__ import annotations
 
-import statistics
 import time
 from dataclasses import dataclass
 
@@ -32,14 +31,10 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from helpers.checks import check_divisible, check_int
-from helpers.configs import MOE, TRANSFORMER, MoEConfig, TransformerConfig
 from helpers.cost.experts import capacity as expert_capacity
-from helpers.cost.experts import check_expert_degree, moe_step_bytes, sent_bytes
-from helpers.models import (MoE, MoEStats, kept_slots, lm_loss, make_moe_batch,
-                            make_moe_transformer, make_tokens, moe_loss, route, stats_of)
+from helpers.cost.experts import check_expert_degree, sent_bytes
+from helpers.models import MoE, MoEStats, kept_slots, route, stats_of
 from helpers.parallel.groups import CallLog, group_rank, group_size
-from helpers.parallel.ring_attention import intra_op_threads
 
 # ----------------------------------------------------------------------------------------
 # Counting what each all-to-all sends.
@@ -150,188 +145,3 @@ def local_name(name: str, first: int) -> str:
     return ".".join(parts)
 
 
-# ----------------------------------------------------------------------------------------
-# One training step, on ranks and on one process.
-# ----------------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class MoEStep:
-    """One forward + backward of the layer: this rank's outputs, loss and gradients."""
-    output: torch.Tensor                 # this rank's tokens' outputs (all tokens on one process)
-    loss: float                          # the whole batch's loss
-    grads: dict[str, torch.Tensor]       # single-process names (the router's summed over ranks),
-                                         # and "input": this rank's tokens' gradient
-    stats: MoEStats
-    sent_bytes: int = 0                  # dispatch + combine, forward and backward
-    count_bytes: int = 0                 # the counts' all-to-all
-    comm_seconds: float = 0.0            # inside the dispatch and combine all-to-alls
-
-
-def check_ep(e: int, config: MoEConfig) -> MoEConfig:
-    """Checks in the parent; returns the config with one capacity group per rank."""
-    check_int("e", e, 1, 64)
-    check_expert_degree(e, config.experts)
-    check_divisible("tokens", config.tokens, e, f"each of the e={e} ranks routes tokens/e tokens")
-    return config.with_(groups=e)
-
-
-def ep_step(rank: int, world_size: int, config: MoEConfig = MOE, group=None) -> MoEStep:
-    """Rank function: build the layer from the seed, keep this rank's experts, route this
-    rank's 1/e of the batch, forward + backward with `moe_loss`."""
-    e, r = group_size(group), group_rank(group)
-    layer = ExpertParallelMoE(MoE(config), group)
-    x = make_moe_batch(config).chunk(e)[r].requires_grad_()   # as inside a network
-    with counting() as log:
-        y = layer(x)
-        loss = moe_loss(y, layer.aux_loss, config, numel=y.numel() * e, share=1 / e)
-        loss.backward()
-    dist.all_reduce(layer.router.weight.grad, group=group)
-    total = loss.detach().clone()
-    dist.all_reduce(total, group=group)
-    grads = {local_name(n, layer.first): p.grad for n, p in layer.named_parameters()}
-    grads["input"] = x.grad
-    moved = [x for x in log if x.what != "counts"]
-    return MoEStep(y.detach(), total.item(), grads, layer.stats,
-                   sum(x.sent_bytes for x in moved), sum(x.sent_bytes for x in log) -
-                   sum(x.sent_bytes for x in moved), sum(x.seconds for x in moved))
-
-
-def run_ep_step(ranks, e: int, config: MoEConfig = MOE) -> list[MoEStep]:
-    """`ep_step` on e live ranks (checked first: e divides the experts and the tokens)."""
-    config = check_ep(e, config)
-    return ranks.resize(e).run(ep_step, config)
-
-
-def reference_step(config: MoEConfig = MOE) -> MoEStep:
-    """The one-process layer on the whole batch, with config.groups capacity groups."""
-    layer = MoE(config)
-    x = make_moe_batch(config).requires_grad_()
-    y = layer(x)
-    loss = moe_loss(y, layer.aux_loss, config)
-    loss.backward()
-    grads = {n: p.grad for n, p in layer.named_parameters()}
-    return MoEStep(y.detach(), loss.item(), {**grads, "input": x.grad}, layer.stats)
-
-
-def compare(steps: list[MoEStep], reference: MoEStep) -> float:
-    """Largest absolute difference between the ranks and one process: outputs, loss and
-    every gradient (each expert's from the rank that holds it)."""
-    worst = (torch.cat([s.output for s in steps]) - reference.output).abs().max().item()
-    worst = max(worst, abs(steps[0].loss - reference.loss))
-    inputs = torch.cat([s.grads["input"] for s in steps])
-    worst = max(worst, (inputs - reference.grads["input"]).abs().max().item())
-    for step in steps:
-        for name, grad in step.grads.items():
-            if name != "input":
-                worst = max(worst, (grad - reference.grads[name]).abs().max().item())
-    return worst
-
-
-def formula_bytes(e: int, config: MoEConfig = MOE, bytes_per_element: int = 4) -> float:
-    """Per-rank bytes of one step with a balanced router and no drops."""
-    return moe_step_bytes(e, config.tokens // e, config.top_k, config.hidden, bytes_per_element)
-
-
-# ----------------------------------------------------------------------------------------
-# Timing (benchmarks) and notebook 07's decoder with expert-parallel MLPs.
-# ----------------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class TimedMoE:
-    step_s: float            # median forward + backward, slowest rank
-    comm_s: float            # median time inside dispatch and combine (this rank)
-    sent_bytes: int
-    dropped: int             # this rank's dropped slots
-
-
-def timed_ep_steps(rank: int, world_size: int, config: MoEConfig = MOE, steps: int = 5,
-                   threads: int | None = 1, group=None) -> TimedMoE:
-    """Rank function: `steps` forward + backward steps after one warm-up, each between barriers
-    (`threads` torch threads per rank meanwhile, as `ring_attention.intra_op_threads`)."""
-    with intra_op_threads(threads):
-        return _timed_ep_steps(config, steps, group)
-
-
-def _timed_ep_steps(config: MoEConfig, steps: int, group) -> TimedMoE:
-    e, r = group_size(group), group_rank(group)
-    layer = ExpertParallelMoE(MoE(config), group)
-    x = make_moe_batch(config).chunk(e)[r].requires_grad_()
-    times, comm = [], []
-    for i in range(steps + 1):
-        layer.zero_grad()
-        dist.barrier(group=group)
-        start = time.perf_counter()
-        with counting() as log:
-            y = layer(x)
-            moe_loss(y, layer.aux_loss, config, numel=y.numel() * e, share=1 / e).backward()
-        slowest = torch.tensor(time.perf_counter() - start)
-        dist.all_reduce(slowest, op=dist.ReduceOp.MAX, group=group)
-        if i:
-            times.append(slowest.item())
-            comm.append(sum(x.seconds for x in log if x.what != "counts"))
-    return TimedMoE(statistics.median(times), statistics.median(comm),
-                    sum(x.sent_bytes for x in log if x.what != "counts"), layer.stats.dropped)
-
-
-def ep_transformer_step(rank: int, world_size: int, config: TransformerConfig = TRANSFORMER,
-                        moe: MoEConfig = MOE, group=None) -> MoEStep:
-    """Rank function: `make_moe_transformer` with every block's MoE expert-parallel over the
-    group and the batch's sequences split over it (expert parallelism rides on data
-    parallelism: everything but the experts is replicated and its gradient summed).
-    Returns this rank's loss share summed to the whole batch's, and the gradients."""
-    e, r = group_size(group), group_rank(group)
-    model = make_moe_transformer(config, moe)
-    firsts = {}
-    for j, block in enumerate(model.blocks):
-        block.mlp = ExpertParallelMoE(block.mlp, group)
-        firsts[f"blocks.{j}.mlp."] = block.mlp.first
-    tokens = make_tokens(config)
-    inputs, targets = tokens.inputs.chunk(e)[r], tokens.targets.chunk(e)[r]
-    with counting() as log:
-        logits = model(inputs)
-        loss = (lm_loss(logits, targets, numel=config.tokens)
-                + sum(b.mlp.config.aux_weight * b.mlp.aux_loss for b in model.blocks) / e)
-        loss.backward()
-    grads = {}
-    for name, param in model.named_parameters():
-        prefix = next((p for p in firsts if name.startswith(p)), None)
-        if prefix is not None and ".experts." in name:
-            grads[prefix + local_name(name[len(prefix):], firsts[prefix])] = param.grad
-        else:
-            dist.all_reduce(param.grad, group=group)
-            grads[name] = param.grad
-    total = loss.detach().clone()
-    dist.all_reduce(total, group=group)
-    stats = model.blocks[0].mlp.stats
-    return MoEStep(logits.detach(), total.item(), grads, stats,
-                   sum(x.sent_bytes for x in log if x.what != "counts"))
-
-
-@dataclass(frozen=True)
-class RouterLoad:
-    """Where one process's routing of the whole batch puts the tokens, as e ranks would see it."""
-    e: int
-    kept: tuple[int, ...]        # per expert, summed over the e groups
-    dropped: tuple[int, ...]     # per expert
-    capacity: int                # per expert and group: e · capacity per expert in all
-    aux_loss: float
-
-    @property
-    def per_rank(self) -> tuple[int, ...]:
-        """Rows each rank's experts compute (kept slots)."""
-        local = len(self.kept) // self.e
-        return tuple(sum(self.kept[r * local:(r + 1) * local]) for r in range(self.e))
-
-
-def router_load(config: MoEConfig = MOE, e: int = 4) -> RouterLoad:
-    """Route `make_moe_batch` on one process with e capacity groups (what `ep_step` on e ranks
-    does), no backward: the loads the widget draws."""
-    config = check_ep(e, config)
-    layer = MoE(config)
-    with torch.no_grad():
-        layer(make_moe_batch(config))
-    stats = layer.stats
-    load = [sum(g[i] for g in stats.load) for i in range(config.experts)]
-    kept = [sum(g[i] for g in stats.kept) for i in range(config.experts)]
-    return RouterLoad(e, tuple(kept), tuple(a - b for a, b in zip(load, kept)), stats.capacity,
-                      layer.aux_loss.item())

@@ -8,7 +8,7 @@ from IPython.display import display
 from matplotlib.figure import Figure
 
 from helpers.configs import MOE, MoEConfig
-from helpers.parallel.experts import RouterLoad, router_load
+from helpers.labs.experts import RouterLoad, router_load
 from helpers.views.kit import FULL_LABEL
 
 CAPACITY_FACTORS = (0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 2.0, 3.0, 4.0)

@@ -13,7 +13,7 @@ from helpers.checks import check_choice
 from helpers.cost.memory import (FP32_RUN, PRECISIONS, STAGES, ModelPreset, PlannedMemory,
                                  plan_memory, preset)
 from helpers.configs import SMALL, TRANSFORMER, TransformerConfig
-from helpers.parallel.memory_run import StageResult
+from helpers.labs.memory import StageResult
 from helpers.views.kit import FULL_LABEL, human_bytes
 
 PARTS = ("params", "grads", "optimizer", "activations")

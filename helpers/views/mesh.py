@@ -6,7 +6,7 @@ import matplotlib.pyplot as plt
 from matplotlib.lines import Line2D
 from matplotlib.patches import FancyArrowPatch, FancyBboxPatch, Patch
 
-from helpers.parallel.mesh import Mesh
+from helpers.layout import Layout
 
 _BOX = 0.62         # a rank's square, in grid units
 _ROW = 1.35         # distance between DP rows: the gap above a row holds its PP arcs
@@ -14,7 +14,7 @@ _GAP = 0.9          # extra space between two pipeline stages
 _COLOURS = {"tp": "tab:blue", "dp": "tab:orange", "pp": "tab:green"}
 
 
-def plot_mesh(mesh: Mesh, title: str | None = None):
+def plot_mesh(mesh: Layout, title: str | None = None):
     """One panel per pipeline stage, left to right; inside a stage, one row per DP index and
     one column per TP index. TP groups are the shaded bands (a row of one stage), DP groups
     the dashed lines (a column of one stage), PP groups the arrows that carry activations

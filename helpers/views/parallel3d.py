@@ -6,9 +6,9 @@ import ipywidgets as widgets
 import matplotlib.pyplot as plt
 from matplotlib.patches import Patch
 
-from helpers.cost.parallel3d import Breakdown, Comparison, Layout, layout_problem, predict
-from helpers.parallel.layouts import run_layout
-from helpers.parallel.mesh import factorizations
+from helpers.cost.parallel3d import Breakdown, Comparison, predict
+from helpers.layout import Layout, factorizations
+from helpers.labs.layouts import run_layout
 from helpers.views.kit import png_output, text_output
 
 _COLOURS = {"compute": "tab:blue", "tp_comm": "tab:orange", "pp_comm": "tab:green",
@@ -97,11 +97,11 @@ def widget_parallel3d(live, calibration, config, steps: int = 3):
 
     def ms_of(mesh) -> list[int]:   # the m that split the batch and the calibration can price
         return [m for m in range(1, config.batch + 1)
-                if layout_problem(Layout(mesh.d, mesh.t, mesh.p, m), config) is None
+                if Layout(mesh.d, mesh.t, mesh.p, m).problem(config) is None
                 and _priced(Layout(mesh.d, mesh.t, mesh.p, m), config, calibration)]
 
     meshes = [mesh for mesh in factorizations(world)
-              if layout_problem(Layout(mesh.d, mesh.t, mesh.p), config) is None and ms_of(mesh)]
+              if mesh.problem(config) is None and ms_of(mesh)]
     mesh_box = widgets.Dropdown(options=[(f"d={x.d} · t={x.t} · p={x.p}", x) for x in meshes],
                                 description="d·t·p")
     m_box = widgets.Dropdown(description="m")

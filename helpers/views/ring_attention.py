@@ -10,7 +10,7 @@ from matplotlib.patches import Patch, Rectangle
 from matplotlib.ticker import LogLocator, ScalarFormatter
 
 from helpers.cost.context import causal_work, chunks_of
-from helpers.parallel.ring_attention import RingStep
+from helpers.labs.ring_attention import RingStep
 
 
 def plot_causal_split(c: int) -> Figure:

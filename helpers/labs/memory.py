@@ -24,17 +24,15 @@ from helpers.cost.alpha_beta import OPS
 from helpers.cost.memory import (FP32_RUN, MIXED_RUN, STAGES, ZeroMemory, comm_volume,
                                  zero_memory_for)
 from helpers.models import lm_loss, make_tokens, make_transformer, transformer_forward
+from helpers.optimizers import OPTIMIZERS, optimizer_spec
 from helpers.parallel.dp import shard
 from helpers.parallel.fsdp import FSDP
 from helpers.parallel.groups import group_rank, group_size
 from helpers.parallel.memory import CommLog, PeakMemory, Phase, SavedActivations, state_bytes
 from helpers.parallel.zero import ZeroDP
 
-# AdamW takes steps of about lr whatever the gradient's size, so an element whose gradient is
-# near zero moves by ±lr on rounding alone: lr = 1e-3 keeps that inside assert_close's 1e-5
-# after 3 steps. Adam is blind to a gradient's scale (a sum where a mean belongs trains the
-# same), so the tests also run plain SGD, which is not.
-OPTIMIZERS = {"adamw": (torch.optim.AdamW, {"lr": 1e-3}), "sgd": (torch.optim.SGD, {"lr": 0.5})}
+# Every run here trains with helpers.optimizers' "exact" setting (small steps; why: there).
+SETTING = "exact"
 
 
 def check_run(stage: int, d: int, config: TransformerConfig, steps: int = 3,
@@ -73,9 +71,9 @@ class StageRun:
 
 def wrap(stage: int, model, group=None, log: CommLog | None = None, prefetch: bool = False,
          optimizer: str = "adamw"):
-    """The model under `stage`, owning its optimizer (one of OPTIMIZERS): ZeroDP for 0-2,
+    """The model under `stage`, owning its optimizer (one of helpers.optimizers.OPTIMIZERS): ZeroDP for 0-2,
     FSDP for 3."""
-    cls, kwargs = OPTIMIZERS[optimizer]
+    cls, kwargs = optimizer_spec(optimizer, SETTING)
     if stage == 3:
         return FSDP(model, optimizer_cls=cls, prefetch=prefetch, group=group, log=log, **kwargs)
     return ZeroDP(model, stage, cls, group=group, log=log, **kwargs)
@@ -126,7 +124,7 @@ def train_reference(steps: int = 3, config: TransformerConfig = SMALL,
                     optimizer: str = "adamw") -> dict[str, torch.Tensor]:
     """One process, the whole batch, the plain optimizer: the parameters every stage must reach."""
     model = make_transformer(config)
-    cls, kwargs = OPTIMIZERS[check_choice("optimizer", optimizer, OPTIMIZERS)]
+    cls, kwargs = optimizer_spec(optimizer, SETTING)
     optimizer = cls(model.parameters(), **kwargs)
     tokens = make_tokens(config)
     for _ in range(steps):
@@ -155,7 +153,7 @@ def train_torch_fsdp(rank: int, world_size: int, steps: int = 3,
     for block in model.blocks:
         fully_shard(block, mesh=mesh)
     fully_shard(model, mesh=mesh)
-    cls, kwargs = OPTIMIZERS["adamw"]
+    cls, kwargs = optimizer_spec("adamw", SETTING)
     optimizer = cls(model.parameters(), **kwargs)
     tokens = make_tokens(config)
     ids, targets = shard(tokens.inputs, r, d), shard(tokens.targets, r, d)

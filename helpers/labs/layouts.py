@@ -28,13 +28,14 @@ import torch.distributed as dist
 from helpers.configs import TRANSFORMER, TransformerConfig
 from helpers.cost.alpha_beta import Fit, coefficients, fit_alpha_beta
 from helpers.cost.parallel3d import (BYTES_PER_FLOAT, LAYOUTS_4, Breakdown, Calibration, Comparison,
-                                     Layout, Shape, activation_bytes, check_layout,
-                                     measured_breakdown, predict, shapes_used, stage_parameters,
-                                     stages_used)
+                                     Shape, activation_bytes, measured_breakdown, predict,
+                                     shapes_used, stage_parameters, stages_used)
+from helpers.labs.parallel3d import Rank3D, Trainer3D, check_3d, cpu_tensors
+from helpers.layout import Layout
 from helpers.models import Block, Head, Transformer, lm_loss
 from helpers.optimizers import make_optimizer
 from helpers.parallel.groups import split_groups
-from helpers.parallel.parallel3d import Rank3D, Stage, Trainer3D, check_3d, cpu_tensors
+from helpers.parallel.parallel3d import Stage
 from helpers.parallel.tp import counting
 from helpers.parallel.tp_transformer import shard_block, shard_dim
 from helpers.timing import times_of
@@ -378,7 +379,7 @@ def measure(ranks, layouts=LAYOUTS_4, config: TransformerConfig = TRANSFORMER,
     """Round-robin on the same live ranks: each round calibrates once, then runs `steps`
     steps of every layout, so that each layout and the calibration see the machine in the
     same state; the medians over rounds are robust to a busy moment in any one of them."""
-    layouts = tuple(check_layout(lay, config) for lay in layouts)
+    layouts = tuple(lay.check(config) for lay in layouts)
     world = {lay.world for lay in layouts}
     if len(world) != 1:
         raise ValueError(f"layouts must all cover one world size, got {sorted(world)}")

@@ -1,0 +1,240 @@
+"""Notebook 09's context-parallel runs: one ring-attention step (forward and backward) on the c
+ranks of a group, naive or zig-zag causal split, checked against one process; the bytes, the
+idle share and one ring step's overlap measured; notebook 07's decoder with its attention
+context-parallel. The ring, its online softmax and the split are `helpers.parallel.ring_attention`;
+the byte and work formulas `helpers.cost.context`."""
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from helpers.checks import check_choice, check_int, check_number
+from helpers.configs import RING, TRANSFORMER, RingConfig, TransformerConfig
+from helpers.cost.context import LAYOUTS, check_split
+from helpers.launch.host import intra_op_threads
+from helpers.models import lm_loss, make_tokens, make_transformer
+from helpers.parallel.groups import group_rank, group_size
+from helpers.parallel.ring_attention import (ContextParallelAttention, Span, scores, Shift,
+                                             assemble, local, recording, ring_attention)
+
+
+def make_qkv(config: RingConfig = RING) -> tuple[torch.Tensor, ...]:
+    """q, k, v and an upstream gradient for the output, (b, heads, s, d); the same everywhere."""
+    generator = torch.Generator().manual_seed(config.seed)
+    shape = (config.batch, config.heads, config.seq, config.head_dim)
+    return tuple(torch.randn(shape, generator=generator) for _ in range(4))
+
+
+@dataclass(frozen=True)
+class RingStep:
+    out: torch.Tensor            # this rank's outputs (b, heads, s/c, d)
+    grads: tuple                 # dq, dk, dv of this rank's rows
+    sent_bytes: int
+    spans: tuple[Span, ...]
+
+
+def check_ring(c: int, config: RingConfig, layout: str, pause_s: float | None = None) -> None:
+    check_int("c", c, 1, 64)
+    check_choice("layout", layout, LAYOUTS)
+    check_split(config.seq, c, layout)
+    if pause_s is not None:
+        check_number("pause_s", pause_s, 0, 1, low_inclusive=False, unit="s")
+
+
+def ring_step(rank: int, world_size: int, config: RingConfig = RING, layout: str = "zigzag",
+              pause_s: float | None = None, group=None) -> RingStep:
+    """Rank function: forward and backward of ring attention on this rank's rows, upstream
+    gradient from `make_qkv`; between barriers, so that the spans make one timeline.
+    `pause_s`: wait mode (`ring_attention`)."""
+    c, r = group_size(group), group_rank(group)
+    q, k, v, g = (local(x, r, c, layout) for x in make_qkv(config))
+    q, k, v = (x.requires_grad_() for x in (q, k, v))
+    dist.barrier(group=group)
+    with recording() as (spans, sent):
+        out = ring_attention(q, k, v, layout, group, pause_s)
+        out.backward(g)
+    dist.barrier(group=group)
+    return RingStep(out.detach(), (q.grad, k.grad, v.grad), sum(sent), tuple(spans))
+
+
+def run_ring_step(ranks, c: int, config: RingConfig = RING, layout: str = "zigzag",
+                  pause_s: float | None = None) -> list[RingStep]:
+    check_ring(c, config, layout, pause_s)
+    return ranks.resize(c).run(ring_step, config, layout, pause_s)
+
+
+def reference(config: RingConfig = RING) -> RingStep:
+    """Full causal attention on one process (PyTorch's own), its output and gradients."""
+    q, k, v, g = make_qkv(config)
+    q, k, v = (x.requires_grad_() for x in (q, k, v))
+    out = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+    out.backward(g)
+    return RingStep(out.detach(), (q.grad, k.grad, v.grad), 0, ())
+
+
+def compare(steps: list[RingStep], ref: RingStep, layout: str) -> float:
+    """Largest absolute difference of output, dq, dk and dv from full attention."""
+    worst = (assemble([s.out for s in steps], layout) - ref.out).abs().max().item()
+    for i, whole in enumerate(ref.grads):
+        got = assemble([s.grads[i] for s in steps], layout)
+        worst = max(worst, (got - whole).abs().max().item())
+    return worst
+
+
+# ----------------------------------------------------------------------------------------
+# Idle time and overlap, measured.
+# ----------------------------------------------------------------------------------------
+
+def idle_share(steps: list[RingStep]) -> float:
+    """The share of the ranks' ring time spent waiting for another rank, forward and backward
+    apart: a rank's idle time is its waits for a neighbour's block, plus the time before its
+    first span and after its last while another rank is still in the same pass; its busy time
+    is its compute spans. Time between the passes (autograd's own) counts for neither."""
+    idle = busy = 0.0
+    for phase in ("forward", "backward"):
+        spans = [[s for s in step.spans if s.phase == phase] for step in steps]
+        if not any(spans):
+            continue
+        first = min(s.start for mine in spans for s in mine)
+        last = max(s.end for mine in spans for s in mine)
+        for mine in spans:
+            idle += sum(s.end - s.start for s in mine if s.kind == "wait")
+            idle += (last - first) - (max(s.end for s in mine) - min(s.start for s in mine))
+            busy += sum(s.end - s.start for s in mine if s.kind == "compute")
+    return idle / (idle + busy)
+
+
+@dataclass(frozen=True)
+class RingTiming:
+    step_s: float        # median forward + backward wall time (first start to last end)
+    idle_share: float    # median over the same steps
+    sent_bytes: int
+
+
+def timed_ring_steps(rank: int, world_size: int, config: RingConfig = RING,
+                     layout: str = "zigzag", steps: int = 3, threads: int | None = 1,
+                     pause_s: float | None = None, group=None) -> list[RingStep]:
+    """Rank function: `steps` + 1 `ring_step`s (the first warms up); this rank's records."""
+    with intra_op_threads(threads):
+        return [ring_step(rank, world_size, config, layout, pause_s, group)
+                for _ in range(steps + 1)][1:]
+
+
+def summarize(per_rank: list[list[RingStep]]) -> RingTiming:
+    """Median step time and idle share over the steps of `timed_ring_steps`."""
+    walls, idles = [], []
+    for steps in zip(*per_rank):
+        spans = [s for step in steps for s in step.spans]
+        walls.append(max(s.end for s in spans) - min(s.start for s in spans))
+        idles.append(idle_share(list(steps)))
+    return RingTiming(statistics.median(walls), statistics.median(idles), per_rank[0][0].sent_bytes)
+
+
+@dataclass(frozen=True)
+class Overlap:
+    """One ring step's parts, median seconds on the slowest rank."""
+    comm_s: float        # one K/V hop alone
+    compute_s: float     # one full block of attention alone (forward)
+    both_s: float        # the hop started, the block computed, the hop waited for
+
+    @property
+    def hidden_share(self) -> float:
+        """How much of the hop the overlap hid: (comm + compute − both) / comm, in [0, 1]."""
+        return min(max((self.comm_s + self.compute_s - self.both_s) / self.comm_s, 0.0), 1.0)
+
+
+def ring_step_parts(rank: int, world_size: int, config: RingConfig = RING, repeat: int = 7,
+                    threads: int | None = 1, group=None) -> Overlap:
+    """Rank function: time a hop, a block's attention and the two overlapped, c = group size."""
+    c = group_size(group)
+    q, k, v, _ = (x.chunk(c, dim=2)[0].contiguous() for x in make_qkv(config))
+    kv = torch.stack([k, v])
+
+    def compute():
+        s = scores(q, k, False)
+        lse = s.logsumexp(-1)
+        return torch.exp(s - lse[..., None]) @ v
+
+    def timed(fn):
+        times = []
+        for _ in range(repeat + 1):
+            dist.barrier(group=group)
+            start = time.perf_counter()
+            fn()
+            slowest = torch.tensor(time.perf_counter() - start)
+            dist.all_reduce(slowest, op=dist.ReduceOp.MAX, group=group)
+            times.append(slowest.item())
+        return statistics.median(times[1:])
+
+    def both():
+        shift = Shift(kv, 0, group)
+        compute()
+        shift.wait("forward", 0)
+
+    with intra_op_threads(threads):
+        return Overlap(timed(lambda: Shift(kv, 0, group).wait("forward", 0)), timed(compute),
+                       timed(both))
+
+
+@dataclass(frozen=True)
+class TransformerStep:
+    loss: float
+    grads: dict[str, torch.Tensor]
+
+
+def cp_transformer_step(rank: int, world_size: int, config: TransformerConfig = TRANSFORMER,
+                        layout: str = "zigzag", group=None) -> TransformerStep:
+    """Rank function: notebook 07's decoder, context-parallel over the group: this rank embeds
+    its chunks of every sequence (with their positions), every block attends over the ring,
+    the rest is per token; gradients summed over the group (every weight is replicated)."""
+    c, r = group_size(group), group_rank(group)
+    model = make_transformer(config)
+    for block in model.blocks:
+        block.attn = ContextParallelAttention(block.attn, layout, group)
+    tokens = make_tokens(config)
+    inputs, targets = (local(x, r, c, layout, dim=1) for x in tokens)
+    where = local(torch.arange(config.seq), r, c, layout, dim=0)
+    x = model.embed.tokens(inputs) + model.embed.positions(where)
+    for block in model.blocks:
+        x = block(x)
+    loss = lm_loss(model.head(x), targets, numel=config.tokens)
+    loss.backward()
+    for param in model.parameters():
+        dist.all_reduce(param.grad, group=group)
+    total = loss.detach().clone()
+    dist.all_reduce(total, group=group)
+    return TransformerStep(total.item(), {n: p.grad for n, p in model.named_parameters()})
+
+
+def reference_transformer_step(config: TransformerConfig = TRANSFORMER) -> TransformerStep:
+    model = make_transformer(config)
+    tokens = make_tokens(config)
+    loss = lm_loss(model(tokens.inputs), tokens.targets)
+    loss.backward()
+    return TransformerStep(loss.item(), {n: p.grad for n, p in model.named_parameters()})
+
+
+def torch_context_parallel(rank: int, world_size: int, config: RingConfig = RING) -> str:
+    """Rank function: try PyTorch's own `context_parallel` (torch.distributed.tensor.experimental)
+    on this backend with full causal SDPA; returns "ran, max error …" or the error's first line."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.experimental import context_parallel
+
+    q, k, v, _ = make_qkv(config)
+    want = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+    mesh = init_device_mesh("cpu", (world_size,))
+    q, k, v = q.clone(), k.clone(), v.clone()
+    try:
+        with context_parallel(mesh, buffers=[q, k, v], buffer_seq_dims=[2, 2, 2]):
+            out = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+    except Exception as error:  # what the reader should see is the library's own words
+        text = str(error).strip().splitlines()
+        return f"{type(error).__name__}: {text[0] if text else ''}"
+    return f"ran, output shape {tuple(out.shape)} of {tuple(want.shape)}"
+
+
