@@ -24,9 +24,8 @@ def time_in_pairs(rank, world_size, ops, nbytes):
 
 
 @pytest.fixture(scope="module")
-def ranks():
-    with LiveRanks(2, timeout=60) as live:
-        yield live
+def ranks(start_ranks):
+    return start_ranks(2, timeout=60)
 
 
 # -- nccl-tests factors and units, hand-computed ---------------------------------------

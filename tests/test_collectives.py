@@ -5,7 +5,6 @@ import torch
 
 from helpers.labs import collectives as C
 from helpers.parallel.groups import group_rank, split_groups
-from helpers.ranks import LiveRanks
 from helpers.views.collectives import plot_collectives
 
 PAIRS = [[0, 1], [2, 3]]
@@ -21,9 +20,8 @@ def in_pairs(rank, world_size, length):
 
 
 @pytest.fixture(scope="module")
-def live():
-    with LiveRanks(4, timeout=30) as group:
-        yield group
+def live(start_ranks):
+    return start_ranks(4, timeout=30)
 
 
 def test_expected_matches_the_lecture():

@@ -18,9 +18,8 @@ DROPPING = MOE.with_(tokens=128, capacity_factor=1.0)   # tight: some slots are 
 
 
 @pytest.fixture(scope="module")
-def ranks():
-    with LiveRanks(4, backend="gloo", timeout=60) as live:
-        yield live
+def ranks(start_ranks):
+    return start_ranks(4, backend="gloo", timeout=60)
 
 
 def test_moe_decoder_expert_parallel_matches_one_process(ranks):

@@ -3,7 +3,6 @@ import pytest
 
 from helpers.labs.parallel3d import RankPlace, place
 from helpers.layout import Coords, Groups, Layout, factorizations
-from helpers.ranks import LiveRanks
 from tests import rank_fns
 
 
@@ -54,9 +53,8 @@ def test_bad_degrees_and_worlds_are_refused_naming_them():
 
 
 @pytest.fixture(scope="module")
-def live():
-    with LiveRanks(8, backend="gloo", timeout=60) as ranks:
-        yield ranks
+def live(start_ranks):
+    return start_ranks(8, backend="gloo", timeout=60)
 
 
 @pytest.mark.parametrize("mesh", factorizations(4) + [Layout(2, 2, 2)], ids=NAME)

@@ -27,15 +27,13 @@ PAIRS = [[0, 1], [2, 3]]
 
 
 @pytest.fixture(scope="module")
-def four():
-    with LiveRanks(4, backend="gloo", timeout=60) as live:
-        yield live
+def four(start_ranks):
+    return start_ranks(4, backend="gloo", timeout=60)
 
 
 @pytest.fixture(scope="module")
-def eight():
-    with LiveRanks(8, backend="gloo", timeout=120) as live:
-        yield live
+def eight(start_ranks):
+    return start_ranks(8, backend="gloo", timeout=120)
 
 
 @pytest.fixture(scope="module")

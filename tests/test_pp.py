@@ -16,16 +16,14 @@ from helpers.labs import pp as pp_lab
 from helpers.parallel.groups import split_groups  # noqa: E402
 from helpers.cost.schedules import (Action, Event, check_event_log, make_plan,  # noqa: E402
                                         peak_live, simulate)
-from helpers.ranks import LiveRanks  # noqa: E402
 from helpers.views.pp import (MAX_WIDGET_WORLD_SIZE, WIDGET_T_F, PipelineView,  # noqa: E402
                               _height, pipeline_outputs, plot_bubble_sweep, plot_gantt, plot_runs,
                               schedules_for, valid_ms, widget_pipeline)
 
 
 @pytest.fixture(scope="module")
-def ranks():
-    with LiveRanks(2, backend="gloo", timeout=60) as live:
-        yield live
+def ranks(start_ranks):
+    return start_ranks(2, backend="gloo", timeout=60)
 
 
 @pytest.fixture(scope="module")

@@ -9,15 +9,13 @@ from helpers.cost.context import formula_bytes
 from helpers.parallel import ring_attention as ra
 from helpers.labs import ring_attention as ra_lab
 from helpers.parallel.groups import split_groups
-from helpers.ranks import LiveRanks
 
 SMALL = RingConfig(batch=1, heads=2, seq=32, head_dim=8)
 
 
 @pytest.fixture(scope="module")
-def ranks():
-    with LiveRanks(4, backend="gloo", timeout=60) as live:
-        yield live
+def ranks(start_ranks):
+    return start_ranks(4, backend="gloo", timeout=60)
 
 
 @pytest.fixture(scope="module")

@@ -22,9 +22,8 @@ PAIRS = [[0, 1], [2, 3]]
 
 
 @pytest.fixture(scope="module")
-def ranks():
-    with LiveRanks(4, backend="gloo", timeout=60) as live:
-        yield live
+def ranks(start_ranks):
+    return start_ranks(4, backend="gloo", timeout=60)
 
 
 @pytest.fixture(scope="module")

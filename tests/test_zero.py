@@ -19,9 +19,8 @@ PAIRS = [[0, 1], [2, 3]]
 
 
 @pytest.fixture(scope="module")
-def ranks():
-    with LiveRanks(4, backend="gloo") as live:
-        yield live
+def ranks(start_ranks):
+    return start_ranks(4, backend="gloo")
 
 
 def check_sharded_like_plain(results, d):

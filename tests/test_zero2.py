@@ -8,16 +8,14 @@ import torch
 from helpers.configs import SMALL
 from helpers.labs import memory as mr
 from helpers.parallel.groups import split_groups
-from helpers.ranks import LiveRanks
 from tests.test_memory_measured import check_measured_like_the_formulas
 
 PAIRS = [[0, 1], [2, 3]]
 
 
 @pytest.fixture(scope="module")
-def ranks():
-    with LiveRanks(4, backend="gloo") as live:
-        yield live
+def ranks(start_ranks):
+    return start_ranks(4, backend="gloo")
 
 
 @pytest.fixture(scope="module")
