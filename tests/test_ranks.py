@@ -13,6 +13,8 @@ import pytest
 import torch
 
 from helpers import ranks
+from helpers.launch import host, process
+from helpers.launch import live as launch_live
 from helpers.ranks import LiveRanks, RankError, RankTimeoutError, spawn
 from tests import rank_fns
 
@@ -334,7 +336,7 @@ def test_ranks_die_with_the_kernel(how):
         assert private_folders(proc.pid) == set()
     if how == "kill":  # nothing can clean up after SIGKILL: the next start does
         assert private_folders(proc.pid), "SIGKILL leaves the folder behind"
-        ranks._remove_stale_folders()  # what every start of ranks begins with
+        process._remove_stale_folders()  # what every start of ranks begins with
         assert private_folders(proc.pid) == set()
 
 
@@ -390,8 +392,8 @@ def test_auto_picks_nccl_with_one_gpu_per_rank():
 def test_world_size_limit_follows_cores_and_memory():
     limit = ranks.max_cpu_world_size()
     assert 1 <= limit <= max(8, 8 * ranks.cpu_cores())
-    with pytest.raises(ValueError, match=f"between 1 and {max(limit, ranks._cuda_device_count())}"):
-        ranks.check_world_size(limit + max(1, ranks._cuda_device_count()) + 1)
+    with pytest.raises(ValueError, match=f"between 1 and {max(limit, host.cuda_device_count())}"):
+        ranks.check_world_size(limit + max(1, host.cuda_device_count()) + 1)
 
 
 def test_resize_keeps_the_backend_chosen_at_construction():
@@ -461,7 +463,7 @@ def test_an_interrupt_during_clean_up_leaves_no_rank_and_the_next_call_works(mon
     """The reader presses stop twice: the second interrupt lands while ranks are reaped."""
     with LiveRanks(1, timeout=60) as group:
         pids = [r["pid"] for r in group.run(rank_fns.identity)]
-        real_release = ranks._Rank.release
+        real_release = process.RankProcess.release
 
         def release_then_interrupted(rank):
             if not interrupted.is_set():
@@ -470,7 +472,7 @@ def test_an_interrupt_during_clean_up_leaves_no_rank_and_the_next_call_works(mon
             real_release(rank)
 
         interrupted = threading.Event()
-        monkeypatch.setattr(ranks._Rank, "release", release_then_interrupted)
+        monkeypatch.setattr(process.RankProcess, "release", release_then_interrupted)
         threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGINT)).start()
         with pytest.raises(KeyboardInterrupt):
             group.run(rank_fns.sleep, 30)
@@ -540,7 +542,8 @@ def test_rerunning_a_cell_keeps_the_live_ranks_bounded(monkeypatch, capsys):
         for _ in range(3):
             kept.append(LiveRanks(1, timeout=20))
             kept[-1].run(rank_fns.identity)
-            assert sum(len(g.pids) for g in list(ranks._POOL)) <= 1  # everyone's, the fixture's too
+            everyone = list(launch_live._POOL)  # the fixture's ranks too
+            assert sum(len(g.pids) for g in everyone) <= 1
         notices = [l for l in capsys.readouterr().err.splitlines() if "helpers.ranks" in l]
         assert len(notices) >= 2
         assert all("to keep at most 1 rank processes alive" in line for line in notices)
@@ -551,6 +554,17 @@ def test_rerunning_a_cell_keeps_the_live_ranks_bounded(monkeypatch, capsys):
     finally:
         for group in kept:
             group.close()
+
+
+def test_settings_assigned_on_helpers_ranks_reach_the_code_that_reads_them(monkeypatch):
+    # The README's `helpers.ranks.LIVE_RANK_LIMIT = n`: the setting lives in launch.live.
+    monkeypatch.setattr(ranks, "LIVE_RANK_LIMIT", 3)
+    monkeypatch.setattr(ranks, "FORK_RANKS", not launch_live.FORK_RANKS)
+    assert launch_live.LIVE_RANK_LIMIT == 3 and ranks.live_rank_limit() == 3
+    assert ranks.FORK_RANKS == launch_live.FORK_RANKS
+    monkeypatch.undo()
+    assert ranks.LIVE_RANK_LIMIT is None and ranks.live_rank_limit() == ranks.max_cpu_world_size()
+    assert ranks.FORK_RANKS == launch_live.FORK_RANKS == sys.platform.startswith("linux")
 
 
 # -- nothing beyond loopback unless asked ------------------------------------------------------

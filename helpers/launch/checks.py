@@ -1,0 +1,51 @@
+"""What a call to `spawn` / `LiveRanks` may ask for, checked in the notebook before any process
+starts: a bad argument costs one clear line, not a rank that dies on import or a hang.
+
+The wording is helpers.checks' ("<name> must be <what is allowed>, got <value>").
+"""
+from __future__ import annotations
+
+import functools
+import inspect
+from typing import Any, Callable
+
+from helpers.checks import check_int
+from helpers.launch.host import cuda_device_count, max_cpu_world_size
+
+# Longest collective timeout accepted: a week. (Far longer would overflow the millisecond
+# timeouts of poll() and of the backends; None means "no timeout" instead.)
+MAX_TIMEOUT_S = 7 * 24 * 3600
+
+
+def check_world_size(world_size: Any) -> int:
+    """1 … the ranks this machine can hold (memory and cores, or one per GPU)."""
+    return check_int("world_size", world_size, 1, max(max_cpu_world_size(), cuda_device_count()))
+
+
+def check_rank_function(fn: Any) -> Callable:
+    """A rank function must be importable by name in a fresh process."""
+    if not callable(fn):
+        raise TypeError(f"fn must be a callable, got {type(fn).__name__}")
+    target = fn.func if isinstance(fn, functools.partial) else fn
+    module = getattr(target, "__module__", None)
+    qualname = getattr(target, "__qualname__", "")
+    if module in (None, "builtins") or not inspect.isfunction(inspect.unwrap(target)):
+        raise ValueError(f"fn={fn!r} must be a Python function defined in an importable module")
+    if module == "__main__" or module.startswith("__"):
+        raise ValueError(
+            f"fn={qualname or fn!r} is defined in a notebook cell or script (module {module!r}); "
+            "a fresh rank process cannot import it. Put rank functions in a module, e.g. helpers/.")
+    if "<locals>" in qualname or "<lambda>" in qualname:
+        raise ValueError(f"fn={qualname} is a lambda or nested function; rank processes can only "
+                         "run module-level functions")
+    return fn
+
+
+def check_timeout(timeout: Any) -> float | None:
+    """Seconds a collective may wait for its peers: a number in (0, MAX_TIMEOUT_S], or None."""
+    ok = (timeout is None or (isinstance(timeout, (int, float)) and not isinstance(timeout, bool)
+                              and 0 < timeout <= MAX_TIMEOUT_S))
+    if not ok:
+        raise ValueError(f"timeout must be a number of seconds in (0, {MAX_TIMEOUT_S}] (one week), "
+                         f"or None for no timeout; got {timeout!r}")
+    return None if timeout is None else float(timeout)

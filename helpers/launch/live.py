@@ -1,0 +1,368 @@
+"""`LiveRanks`: ranks kept alive between calls, and `spawn`, the one-call form of it.
+
+`spawn(fn, world_size, ...)` is the lecture's `mp.spawn` done right: fresh processes, each in
+a real `torch.distributed` process group, returning `[fn(0, N, ...), fn(1, N, ...), ...]`.
+`LiveRanks(world_size)` keeps those processes (and their process group) alive between calls,
+so a slider can re-run a collective in milliseconds instead of seconds.
+
+Why it is built this way:
+* Rendezvous goes through a `FileStore` in a private temporary folder, so no TCP store listens
+  at all; gloo and NCCL bind their transports to the loopback interface, whatever the
+  environment says, unless the reader asks for `multi_node=True` (helpers.launch.host).
+* Every request carries an id and every reply is matched to it; a call that was cut short
+  (an error, a timeout, an interrupt) marks the ranks dirty and they are killed, then reaped,
+  with interrupts held back (helpers.launch.process), so the next call always starts from a
+  known state.
+* One lock per `LiveRanks` serialises calls from several threads; a per-process cap on live
+  rank processes (the least recently used `LiveRanks` is stopped and restarts lazily) keeps
+  re-run cells from piling up processes.
+* Every `LiveRanks` of this process is in one pool, so SIGTERM and SIGHUP (which end Python
+  without atexit) can still kill every rank and remove every private folder first.
+
+The two settings below are read at call time. Readers set them through helpers.ranks
+(`helpers.ranks.LIVE_RANK_LIMIT = n`), which forwards the assignment here.
+"""
+from __future__ import annotations
+
+import functools
+import itertools
+import math
+import multiprocessing.connection as mpc
+import os
+import pickle
+import signal
+import sys
+import threading
+import time
+import weakref
+from typing import Callable
+
+from helpers.launch.checks import check_rank_function, check_timeout, check_world_size
+from helpers.launch.errors import RankError, RankTimeoutError, describe_exit
+from helpers.launch.host import max_cpu_world_size, pin_transports, resolve_backend
+from helpers.launch.process import (POLL_S, Launcher, RankProcess, kill_all, private_folder,
+                                    sigint_deferred)
+
+# Most rank processes one kernel keeps alive at once (None: `max_cpu_world_size()`).
+LIVE_RANK_LIMIT: int | None = None
+# Fork ranks from a launcher that imported torch once (Linux only: see helpers.launch.worker).
+FORK_RANKS = sys.platform.startswith("linux")
+# The parent waits this much longer than the collective timeout before it stops waiting for
+# a rank on its own, so that the rank's own (more precise) timeout error arrives first.
+_GRACE_S = 5.0
+# A starting rank imports torch before it answers: allow for that on a busy machine.
+_START_S = 120.0
+
+
+def live_rank_limit() -> int:
+    """Most rank processes this process keeps alive over all its `LiveRanks` together."""
+    return LIVE_RANK_LIMIT if LIVE_RANK_LIMIT is not None else max_cpu_world_size()
+
+
+def _notice(text: str) -> None:
+    """One line for the reader about something done on their behalf."""
+    print(f"helpers.ranks: {text}", file=sys.stderr, flush=True)
+
+
+# Every LiveRanks of this process, for the cap on live ranks and for the exit handlers.
+_POOL: "weakref.WeakSet[LiveRanks]" = weakref.WeakSet()
+_POOL_LOCK = threading.Lock()  # a WeakSet may not change while another thread copies it
+_CLOCK = itertools.count(1)
+_exit_handlers_installed = False
+
+
+def _on_exit_signal(signum, frame) -> None:
+    """Kill our ranks and remove our folders, then die of the same signal as before."""
+    for group in list(_POOL):  # no locks: the code this signal interrupted may hold them
+        kill_all(group._ranks, group._folders, group._launchers)
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
+
+
+def _install_exit_handlers() -> None:
+    """SIGTERM and SIGHUP end Python without atexit, so ranks would linger until their
+    watchdog noticed and the private folder would stay. Where nobody else handles them,
+    clean up first. (Signal handlers can only be set from the main thread.)"""
+    global _exit_handlers_installed
+    if _exit_handlers_installed or threading.current_thread() is not threading.main_thread():
+        return
+    _exit_handlers_installed = True
+    for name in ("SIGTERM", "SIGHUP"):
+        signum = getattr(signal, name, None)
+        if signum is not None and signal.getsignal(signum) == signal.SIG_DFL:
+            signal.signal(signum, _on_exit_signal)
+
+
+def _make_room(owner: "LiveRanks", needed: int) -> None:
+    """Stop the least recently used other LiveRanks until `needed` more ranks fit the cap."""
+    limit = max(live_rank_limit(), owner.world_size)
+    with _POOL_LOCK:
+        groups = [g for g in list(_POOL) if g._ranks]
+    total = needed + sum(len(g._ranks) for g in groups)
+    for other in sorted((g for g in groups if g is not owner), key=lambda g: g._last_used):
+        if total <= limit:
+            return
+        if not other._lock.acquire(blocking=False):
+            continue  # in use by another thread right now: not idle
+        try:
+            count, name = len(other._ranks), f"LiveRanks(world_size={other.world_size})"
+            other._teardown()
+        finally:
+            other._lock.release()
+        total -= count
+        _notice(f"stopped the {count} ranks of an idle {name} to keep at most {limit} rank "
+                "processes alive; it restarts on its next call")
+
+
+class LiveRanks:
+    """Keep `world_size` ranks alive between calls.
+
+    >>> with LiveRanks(4) as ranks:
+    ...     ranks.run(helpers.collectives.lecture_example)
+
+    Ranks start lazily on the first `run`. `resize(n)` re-forms the process group over the
+    first n of the processes already started (starting more only if needed), so moving a
+    world-size slider costs a re-rendezvous, not a process start.
+
+    `timeout` is how long a collective may wait for its peers, in seconds (None: no limit).
+    `multi_node=True` lets inherited GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME / TP_SOCKET_IFNAME
+    choose the interface; by default every transport is pinned to loopback.
+    Calls from several threads are serialised. A kernel keeps at most `live_rank_limit()`
+    rank processes alive over all its LiveRanks: the least recently used is stopped (with a
+    one-line notice) and restarts on its next call.
+    """
+
+    def __init__(self, world_size: int, backend: str = "auto", timeout: float | None = 60,
+                 multi_node: bool = False):
+        self._world_size = check_world_size(world_size)
+        self.backend = resolve_backend(backend, world_size)
+        self.timeout = check_timeout(timeout)
+        if not isinstance(multi_node, bool):
+            raise TypeError(f"multi_node must be True or False, got {multi_node!r}")
+        self.multi_node = multi_node
+        self._ranks: list[RankProcess] = []
+        self._folders: list[str] = []  # the private folder while ranks run (at most one)
+        self._launchers: list[Launcher] = []  # the ranks' launcher while they run (at most one)
+        self._group_size = 0           # size of the process group the ranks have joined
+        self._generation = 0
+        self._requests = itertools.count(1)  # request 0 is each rank's "ready"
+        self._dirty = False            # a call is running, or was cut short
+        self._lock = threading.RLock()
+        self._last_used = 0
+        # Close on garbage collection and at interpreter exit, whichever comes first. (The
+        # finalizer holds the lists themselves, so they are only ever changed in place.)
+        self._finalizer = weakref.finalize(self, kill_all, self._ranks, self._folders,
+                                           self._launchers)
+        with _POOL_LOCK:
+            _POOL.add(self)
+
+    @property
+    def world_size(self) -> int:
+        return self._world_size
+
+    def resize(self, world_size: int) -> "LiveRanks":
+        world_size = check_world_size(world_size)
+        # The backend chosen at construction stays: one object never mixes NCCL and gloo.
+        resolve_backend(self.backend, world_size)
+        with self._lock:
+            self._world_size = world_size
+        return self
+
+    def run(self, fn: Callable, *args, **kwargs) -> list:
+        """`[fn(r, world_size, *args, **kwargs) for r in ranks]`, each on its own rank."""
+        check_rank_function(fn)
+        payload = pickle.dumps((fn, args, kwargs))
+        what = "run " + _name(fn)
+        with self._lock:
+            self._last_used = next(_CLOCK)
+            try:
+                if self._dirty:  # an earlier call was cut short: its ranks' state is unknown
+                    self._teardown()
+                self._dirty = True
+                self._ensure_group()
+                replies = self._exchange(self._ranks[:self._world_size], "run", (payload,), what)
+                self._dirty = False
+            except BaseException:
+                # An error on a rank, a timeout or an interrupt may leave ranks blocked in a
+                # collective: tear all of them down; the next call starts afresh.
+                self._teardown()
+                raise
+        return [_unpickle(rank, data, what) for rank, data in enumerate(replies)]
+
+    def close(self) -> None:
+        """Stop every rank and remove the private folder; the next `run` starts afresh."""
+        with self._lock:
+            self._teardown()
+
+    def __enter__(self) -> "LiveRanks":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        alive = sum(r.alive() for r in list(self._ranks))
+        return f"LiveRanks(world_size={self._world_size}, backend={self.backend!r}, processes={alive})"
+
+    @property
+    def pids(self) -> list[int]:
+        return [r.pid for r in list(self._ranks)]
+
+    # -- internals ------------------------------------------------------------------------
+
+    def _teardown(self) -> None:
+        """Kill, reap, remove the folder, with interrupts held back: whatever happens the
+        object is left ready for the next call."""
+        with sigint_deferred():
+            self._group_size = 0
+            kill_all(self._ranks, self._folders, self._launchers)
+            self._dirty = False
+
+    def _ensure_group(self) -> None:
+        self._replace_dead()
+        n = self._world_size
+        if self._group_size == n:
+            return
+        self._start(n - len(self._ranks))
+        # Ranks beyond n leave the old group first so the new one forms cleanly.
+        others = self._ranks[n:self._group_size]
+        if others:
+            self._exchange(others, "leave", (), "leave")
+        self._group_size = 0
+        self._generation += 1
+        store = os.path.join(self._folders[0], f"store-{self._generation}")
+        self._exchange(self._ranks[:n], "init", (n, store, self.backend, self.timeout),
+                       "init_process_group")
+        self._group_size = n
+
+    def _replace_dead(self) -> None:
+        """A rank that died while idle (killed, OOM, its creating thread's PDEATHSIG) broke
+        the process group: say which, then start every rank afresh."""
+        dead = [r for r in self._ranks if not r.drain()]
+        if dead:
+            which = ", ".join(f"rank {r.index} ({describe_exit(r.exit_code())})" for r in dead)
+            if self._launchers and not self._launchers[0].alive():
+                code = self._launchers[0].process.returncode
+                which = f"the ranks' launcher ({describe_exit(code)}), and with it every rank,"
+            _notice(f"{which} had exited while idle; starting fresh ranks")
+            self._teardown()
+
+    def _start(self, missing: int) -> None:
+        if missing <= 0:
+            return
+        _make_room(self, missing)
+        _install_exit_handlers()
+        env = pin_transports(dict(os.environ), self.multi_node)
+        new = []
+        with sigint_deferred():  # every started process is recorded before an interrupt lands
+            if not self._folders:
+                self._folders.append(private_folder())
+            if FORK_RANKS and not self._launchers:
+                self._launchers.append(Launcher(env))
+        launcher = self._launchers[0] if self._launchers else None
+        if launcher is not None:
+            launcher.wait_ready(_START_S)  # importing torch: an interrupt may land here
+        with sigint_deferred():
+            for index in range(len(self._ranks), len(self._ranks) + missing):
+                new.append(RankProcess(index, self._folders[0], env, launcher))
+                self._ranks.append(new[-1])
+        self._await(new, 0, "start", _START_S)
+
+    def _exchange(self, ranks: list[RankProcess], kind: str, args: tuple, what: str) -> list:
+        request = next(self._requests)
+        for rank in ranks:
+            rank.drain()
+            try:
+                rank.conn.send((request, kind, args))
+            except OSError:
+                raise self._died(rank, what) from None
+        wait = None if self.timeout is None else self.timeout + _GRACE_S
+        return self._await(ranks, request, what, wait)
+
+    def _await(self, ranks: list[RankProcess], request: int, what: str,
+               seconds: float | None) -> list:
+        """Each rank's reply to `request`, in rank order; replies to older requests are
+        dropped. Raises as soon as one rank fails, dies, or the time is up."""
+        replies: dict[int, tuple] = {}
+        pending = {rank.conn: rank for rank in ranks}
+        deadline = math.inf if seconds is None else time.monotonic() + seconds
+        while pending:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise self._timed_out(ranks, pending, what)
+            for conn in mpc.wait(list(pending), timeout=min(left, POLL_S)):
+                rank = pending[conn]
+                try:
+                    reply = conn.recv()
+                except (EOFError, OSError):
+                    raise self._died(rank, what) from None
+                if reply[0] != request:
+                    continue  # stale: the answer to a request that was given up
+                del pending[conn]
+                replies[rank.index] = reply
+                if reply[1] == "error":
+                    self._show(replies)
+                    # A rank that died takes down the collectives it was in, so its peers
+                    # fail too, and their errors may be read first: name the dead rank (the
+                    # cause). Its pipe closed as it exited, before a peer could notice.
+                    dead = next((r for r in pending.values() if not r.drain()), None)
+                    if dead is not None:
+                        raise self._died(dead, what)
+                    raise self._failed(rank, reply[2], ranks, pending)
+            for rank in list(pending.values()):  # dead, but its pipe held open by a child
+                if not rank.alive() and not rank.conn.poll():
+                    raise self._died(rank, what)
+        self._show(replies)
+        return [replies[r.index][2] for r in ranks]
+
+    def _died(self, rank: RankProcess, what: str) -> RankError:
+        code = rank.exit_code()  # reaped before it is read: never "exit code None"
+        return RankError(rank.index, rank.op or what,
+                         f"rank {rank.index} died ({describe_exit(code)})")
+
+    def _failed(self, rank: RankProcess, tb: str, ranks: list[RankProcess],
+                pending: dict) -> RankError:
+        if "Timed out" in tb or "timed out" in tb:
+            returned = sorted(r.index for r in ranks if r.conn not in pending and r is not rank)
+            return RankTimeoutError(rank.index, rank.op, tb, self.timeout, returned)
+        return RankError(rank.index, rank.op, tb)
+
+    def _timed_out(self, ranks: list[RankProcess], pending: dict, what: str) -> RankTimeoutError:
+        stuck = min(pending.values(), key=lambda r: r.index)
+        done = sorted(r.index for r in ranks if r.conn not in pending)
+        return RankTimeoutError(stuck.index, stuck.op or what, "(no reply from the rank)",
+                                self.timeout, done)
+
+    @staticmethod
+    def _show(replies: dict[int, tuple]) -> None:
+        """Print each rank's captured output once, in rank order."""
+        for index in sorted(replies):
+            out, err = replies[index][3:5]
+            for text, stream in ((out, sys.stdout), (err, sys.stderr)):
+                if text:
+                    prefix = f"[rank {index}] "
+                    stream.write("".join(prefix + line for line in text.splitlines(True)))
+                    if not text.endswith("\n"):
+                        stream.write("\n")
+
+
+def _unpickle(rank: int, data: bytes, what: str):
+    try:
+        return pickle.loads(data)
+    except Exception as e:  # e.g. a class the rank could import and the notebook cannot
+        raise RankError(rank, what, f"the result of rank {rank} could not be unpickled in this "
+                        f"process: {type(e).__name__}: {e}") from e
+
+
+def _name(fn: Callable) -> str:
+    target = fn.func if isinstance(fn, functools.partial) else fn
+    return getattr(target, "__qualname__", repr(fn))
+
+
+def spawn(fn: Callable, world_size: int, *args, backend: str = "auto",
+          timeout: float | None = 60, multi_node: bool = False, **kwargs) -> list:
+    """Start `world_size` fresh processes, run `fn(rank, world_size, *args, **kwargs)` on each
+    inside a process group, tear everything down, and return the results in rank order."""
+    check_rank_function(fn)
+    with LiveRanks(world_size, backend=backend, timeout=timeout, multi_node=multi_node) as ranks:
+        return ranks.run(fn, *args, **kwargs)

@@ -1,0 +1,257 @@
+"""The rank side: a process that joins a process group and runs whatever the notebook sends.
+
+Messages are (request id, kind, args); replies are (request id, status, data, out, err).
+A rank starts in one of two ways, both from a boot string run as `python -c`:
+* `LAUNCHER_BOOT` starts a launcher (Linux): it imports torch once, then forks a rank per
+  request, so a rank starts in tens of milliseconds instead of importing torch again (about
+  2 s of CPU each: 8 ranks on 2 cores took 8 s to start). It is the ranks' parent and reaps
+  each only when the notebook asks, so a pid the notebook may signal is never reused.
+* `BOOT` starts one rank directly (elsewhere: on macOS forking after importing torch is not
+  safe).
+
+Why a rank is built this way:
+* It dies with the process that owns it: PR_SET_PDEATHSIG when it was started from the
+  owner's main thread (the signal follows the creating *thread*), and always a watchdog
+  thread.
+* It publishes the collective it is inside to a few bytes of a file the notebook maps too,
+  so a hang or a crash names the operation.
+* It prints into a buffer that goes back with the reply; the notebook prints every rank's
+  output once, in rank order.
+* It ignores SIGINT: the notebook decides what an interrupt kills.
+"""
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import functools
+import io
+import mmap
+import multiprocessing.connection as mpc
+import os
+import pickle
+import signal
+import socket
+import sys
+import threading
+import time
+import traceback
+from datetime import timedelta
+
+from helpers.launch.host import threads_per_rank
+
+_OP_SLOT_BYTES = 64
+# The process-group timeout used for timeout=None: long enough never to matter in a course.
+_NO_TIMEOUT = timedelta(days=365)
+
+_COLLECTIVES = (
+    "broadcast", "all_reduce", "reduce", "all_gather", "all_gather_into_tensor", "gather",
+    "scatter", "reduce_scatter", "reduce_scatter_tensor", "reduce_scatter_single",
+    "all_gather_single", "all_to_all", "all_to_all_single",
+    # Not isend/irecv: they return at once (nothing to publish), and dist.P2POp checks
+    # that it was given the very functions torch defines.
+    "barrier", "send", "recv", "batch_isend_irecv", "broadcast_object_list",
+    "all_gather_object", "gather_object", "scatter_object_list", "monitored_barrier",
+)
+
+
+class OpSlot:
+    """A few bytes of a file both sides map: the name of the collective a rank is inside,
+    readable by the parent even while the rank is stuck in it (or after it died)."""
+
+    def __init__(self, path: str, create: bool = False):
+        if create:
+            with open(path, "wb") as f:
+                f.write(bytes(_OP_SLOT_BYTES))
+        with open(path, "r+b") as f:
+            self._map = mmap.mmap(f.fileno(), _OP_SLOT_BYTES)
+
+    @property
+    def value(self) -> bytes:
+        return bytes(self._map[:]).split(b"\0", 1)[0]
+
+    @value.setter
+    def value(self, name: bytes) -> None:
+        self._map[:] = name[: _OP_SLOT_BYTES - 1].ljust(_OP_SLOT_BYTES, b"\0")
+
+    def close(self) -> None:
+        self._map.close()
+
+
+def _publish_current_op(op_slot) -> None:
+    """Wrap torch.distributed's collectives so the parent can see which one a rank is in."""
+    import torch.distributed as dist
+
+    def wrap(name, real):
+        @functools.wraps(real)
+        def wrapper(*args, **kwargs):
+            op_slot.value = name.encode()
+            result = real(*args, **kwargs)
+            op_slot.value = b""
+            return result
+        wrapper.__wrapped_collective__ = real
+        return wrapper
+
+    for name in _COLLECTIVES:
+        real = getattr(dist, name, None)
+        if real is not None and not hasattr(real, "__wrapped_collective__"):
+            setattr(dist, name, wrap(name, real))
+
+
+def _die_with_parent(parent_pid: int, pdeathsig: bool) -> None:
+    # PR_SET_PDEATHSIG fires when the *thread* that started us ends, so the parent asks
+    # for it only when that thread is its main thread (whose end is the process's end).
+    if pdeathsig and sys.platform.startswith("linux"):
+        with contextlib.suppress(Exception):
+            libc = ctypes.CDLL("libc.so.6", use_errno=True)
+            libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    if os.getppid() != parent_pid:  # the parent died before prctl took effect
+        os._exit(1)
+
+    # Always poll too: covers other platforms and ranks started from other threads.
+    def watch():
+        while True:
+            if os.getppid() != parent_pid:
+                os._exit(1)
+            time.sleep(0.5)
+    threading.Thread(target=watch, daemon=True).start()
+
+
+def _to_cpu(value):
+    import torch
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu()
+    if isinstance(value, (list, tuple)) and type(value) in (list, tuple):
+        return type(value)(_to_cpu(v) for v in value)
+    if isinstance(value, dict) and type(value) is dict:
+        return {k: _to_cpu(v) for k, v in value.items()}
+    return value
+
+
+def _init_group(index: int, world_size: int, store_path: str, backend: str,
+                timeout: float | None) -> None:
+    import torch
+    import torch.distributed as dist
+    _leave_group(index)
+    torch.set_num_threads(threads_per_rank(world_size))
+    if backend == "nccl":
+        torch.cuda.set_device(index)
+    store = dist.FileStore(store_path, world_size)
+    dist.init_process_group(backend, store=store, rank=index, world_size=world_size,
+                            timeout=_NO_TIMEOUT if timeout is None else timedelta(seconds=timeout))
+
+
+def _leave_group(index: int) -> None:
+    import torch.distributed as dist
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def _run_function(index: int, payload: bytes) -> bytes:
+    import torch.distributed as dist
+    fn, args, kwargs = pickle.loads(payload)
+    return pickle.dumps(_to_cpu(fn(index, dist.get_world_size(), *args, **kwargs)))
+
+
+_HANDLERS = {"init": _init_group, "leave": _leave_group, "run": _run_function}
+
+
+def _handle(index: int, kind: str, args: tuple) -> tuple:
+    """(status, data, out, err): data is the pickled result, or the traceback on an error."""
+    out, err = io.StringIO(), io.StringIO()  # shown by the parent, in rank order
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            data = _HANDLERS[kind](index, *args)
+        return "ok", data, out.getvalue(), err.getvalue()
+    except BaseException:
+        return "error", traceback.format_exc(), out.getvalue(), err.getvalue()
+
+
+def _rank_main(config: dict) -> None:
+    """A rank process: started as `python -c BOOT` (or forked, see `_forked_rank`), it serves
+    requests until its pipe closes (the parent closed it or died)."""
+    conn = mpc.Connection(config["fd"])
+    _die_with_parent(config["parent_pid"], config["pdeathsig"])
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides what an interrupt kills
+    import torch
+    _publish_current_op(OpSlot(config["op_path"]))
+    torch.set_num_interop_threads(1)
+    index = config["index"]
+    conn.send((0, "ok", None, "", ""))  # request 0: "ready"
+    while True:
+        try:
+            request, kind, args = conn.recv()
+        except (EOFError, OSError):
+            return
+        conn.send((request, *_handle(index, kind, args)))
+
+
+def _launcher_main(config: dict) -> None:
+    """The launcher: started as `python -c LAUNCHER_BOOT`, it imports torch once, then forks
+    a rank per request and reaps one only when asked. When its socket closes (the notebook
+    closed it or died) it kills and reaps every rank it forked, then exits."""
+    _die_with_parent(config["parent_pid"], config["pdeathsig"])
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    import torch  # noqa: F401  (what every rank would otherwise import again)
+    import torch.distributed  # noqa: F401
+    sock = socket.socket(fileno=config["fd"])
+    conn = mpc.Connection(os.dup(sock.fileno()))
+    children: set[int] = set()
+    me = os.getpid()
+    conn.send("ready")
+    try:
+        while True:
+            try:
+                request = conn.recv()
+            except (EOFError, OSError):
+                return
+            if request[0] == "fork":
+                _, fds, _, _ = socket.recv_fds(sock, 1, 1)
+                pid = os.fork()
+                if pid == 0:
+                    _forked_rank(request[1], fds[0], me, (conn, sock))
+                os.close(fds[0])  # only that rank holds its end of the pipe
+                children.add(pid)
+                conn.send(pid)
+            else:  # ("poll", pid): its exit code once it has exited (then it is reaped), or None
+                done, status = os.waitpid(request[1], os.WNOHANG)
+                children.discard(done)
+                conn.send(os.waitstatus_to_exitcode(status) if done else None)
+    finally:
+        for pid in children:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        for pid in children:
+            with contextlib.suppress(OSError):
+                os.waitpid(pid, 0)
+        os._exit(0)  # not the interpreter's shutdown with torch loaded: that takes ~0.7 s
+
+
+def _forked_rank(config: dict, fd: int, launcher: int, launcher_ends) -> None:
+    """In a child the launcher just forked: become a rank as `python -c` would; never return."""
+    code = 1
+    try:
+        for end in launcher_ends:
+            end.close()
+        os.setpgid(0, 0)  # a process group of its own, as a `python -c` rank gets
+        os.chdir(config["cwd"])
+        os.environ.clear()
+        os.environ.update(config["env"])
+        sys.path[:] = config["path"]
+        _rank_main(dict(config, fd=fd, parent_pid=launcher, pdeathsig=True))
+        code = 0
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        with contextlib.suppress(Exception):
+            sys.stdout.flush()
+            sys.stderr.flush()
+        os._exit(code)
+
+
+# What `python -c` runs: the parent's sys.path first, so the rank imports the same helpers
+# (and the same rank functions) as the notebook, then one of the two entry points above.
+BOOT = ("import json, sys; config = json.loads(sys.argv[1]); sys.path[:] = config['path']; "
+        f"from {__name__} import _rank_main; _rank_main(config)")
+LAUNCHER_BOOT = ("import json, sys; config = json.loads(sys.argv[1]); "
+                 "sys.path[:] = config['path']; "
+                 f"from {__name__} import _launcher_main; _launcher_main(config)")
