@@ -1,7 +1,13 @@
 """Parallelism Lab helpers: the code the notebooks import, one folder per idea.
 
-    ranks.py, run.py   launching ranks: live process groups from a notebook; the same functions under torchrun
-    parallel3d_run.py  notebook 07's 3-D training step under torchrun
+    ranks.py, run.py   what readers import and run: LiveRanks, spawn (ranks.py); `python -m helpers.run` (run.py)
+    launch/            how ranks are launched, by concern: both files above only re-export from here
+        host.py          cores, memory, GPUs, threads per rank, the backend, loopback pinning, intra_op_threads
+        checks.py        spawn's and LiveRanks' argument checks     errors.py  RankError, RankTimeoutError
+        worker.py        the rank side and the launcher that forks ranks
+        process.py       rank processes: start, kill, reap, interrupts held back, private folders
+        live.py          LiveRanks, the cap on live ranks, exit-signal clean-up, spawn
+        torchrun.py      the same functions under torchrun: the demos, and notebook 07's train3d
     models.py          the course's models: the lecture's MLP (MLPConfig), 07's small GPT, 09's MoE; losses
     checks.py          argument checks with one wording, run before any process starts
     exercises.py       the notebooks' checked exercises: check_* says right or wrong, and why

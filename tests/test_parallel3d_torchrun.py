@@ -18,7 +18,7 @@ def test_a_4_rank_layout_under_torchrun_has_the_single_process_loss():
     env = dict(os.environ, TORCHRUN=TORCHRUN, OMP_NUM_THREADS="1")
     done = subprocess.run(
         [os.path.join(ROOT, "scripts", "torchrun_local.sh"), "--nproc-per-node=4",
-         "-m", "helpers.parallel3d_run", "--data", "2", "--tensor", "2", "--pipeline", "1",
+         "-m", "helpers.run", "train3d", "--data", "2", "--tensor", "2", "--pipeline", "1",
          "--micro-batches", "1"],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -28,12 +28,12 @@ def test_a_4_rank_layout_under_torchrun_has_the_single_process_loss():
     assert loss == pytest.approx(reference_3d().loss, rel=1e-5)
 
 
-def test_parallel3d_run_refuses_a_bad_layout_before_starting(monkeypatch):
+def test_train3d_refuses_a_bad_layout_before_starting(monkeypatch):
     # In this process (no second torch import): the check raises before any rendezvous.
-    from helpers import parallel3d_run
-    monkeypatch.setattr(parallel3d_run, "init_from_env", _never_started)
+    from helpers.launch import torchrun
+    monkeypatch.setattr(torchrun, "init_from_env", _never_started)
     with pytest.raises(ValueError, match="heads must be a multiple of 3"):
-        parallel3d_run.main(["--tensor", "3"])
+        torchrun.main(["train3d", "--tensor", "3"])
 
 
 def _never_started():
