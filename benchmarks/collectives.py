@@ -19,8 +19,8 @@ from helpers.checks import check_int
 from helpers.cost import bench as cost
 from helpers.cost.alpha_beta import OPS
 from helpers.labs import bench as lab
-from helpers.timing import format_seconds
 from helpers.run import pin_transports_to_loopback_if_single_machine
+from helpers.timing import format_seconds
 
 RESULT_KEYS = ("op", "bytes", "time_s", "algbw_GBps", "busbw_GBps", "predicted_s", "rel_error")
 

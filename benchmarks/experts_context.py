@@ -23,8 +23,8 @@ import argparse
 import json
 import statistics
 
-from helpers.cost import context as cost_context
 from helpers.configs import MOE, RingConfig
+from helpers.cost import context as cost_context
 from helpers.cost import experts as cost_experts
 from helpers.labs import experts as ep_lab
 from helpers.labs import ring_attention as ra_lab

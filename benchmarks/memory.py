@@ -27,8 +27,8 @@ import argparse
 import json
 import statistics
 
-from helpers.cost.memory import STAGES, zero_memory_for
 from helpers.configs import SMALL
+from helpers.cost.memory import STAGES, zero_memory_for
 from helpers.labs import memory as mr
 from helpers.ranks import LiveRanks, cpu_cores
 

@@ -17,8 +17,8 @@ import json
 import os
 
 from helpers.checks import check_int
-from helpers.cost.parallel3d import LAYOUTS_4, summary, table
 from helpers.configs import TRANSFORMER
+from helpers.cost.parallel3d import LAYOUTS_4, summary, table
 from helpers.labs.layouts import measure
 from helpers.ranks import LiveRanks
 

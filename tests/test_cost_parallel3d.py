@@ -6,11 +6,11 @@ from types import SimpleNamespace
 import pytest
 
 from helpers.cost.alpha_beta import Fit
-from helpers.layout import Layout
 from helpers.cost.parallel3d import (LAYOUTS_4, Breakdown, Calibration, Comparison,
                                      Shape, busy_ranks, forward_flops,
                                      measured_breakdown, predict, shape_flops, shapes_used,
                                      stage_parameters, stages_used, summary, table)
+from helpers.layout import Layout
 
 TINY = SimpleNamespace(vocab=8, hidden=4, heads=2, layers=4, seq=3, batch=8)
 
@@ -90,7 +90,7 @@ def test_data_parallel_all_reduce_lateness_and_optimizer_by_hand():
 
 
 def test_measured_breakdown_adds_up_to_the_step():
-    span = lambda kind, a, b: SimpleNamespace(kind=kind, start_s=a, end_s=b)  # noqa: E731
+    span = lambda kind, a, b: SimpleNamespace(kind=kind, start=a, end=b)  # noqa: E731
     got = measured_breakdown([[span("compute", 0, 1), span("tp_comm", 1, 1.5), span("pp_comm", 1.5, 2)],
                               [span("compute", 0, 2), span("dp_comm", 2, 2.5),
                                span("optimizer", 2.5, 3)]], step_s=3.0)
@@ -134,7 +134,7 @@ def test_views_draw(monkeypatch):
 
     from helpers.views.parallel3d import plot_breakdown, plot_gantt, plot_parity, widget_parallel3d
     rows = [_comparison(Layout(4, 1, 1), 1.0, 1.1), _comparison(Layout(1, 1, 4, 4), 2.0, 1.0)]
-    span = lambda kind, a, b: SimpleNamespace(kind=kind, start_s=a, end_s=b)  # noqa: E731
+    span = lambda kind, a, b: SimpleNamespace(kind=kind, start=a, end=b)  # noqa: E731
     figs = [plot_parity(rows), plot_breakdown(rows),
             plot_gantt([[span("compute", 0, 1), span("pp_comm", 1, 2)], [span("dp_comm", 0, 1)]])]
     assert all(isinstance(f, Figure) for f in figs)

@@ -10,10 +10,11 @@ from matplotlib.figure import Figure
 from torch import nn
 
 from helpers.configs import MLPConfig
+from helpers.labs import dp as dp_lab
 from helpers.models import make_batch, make_mlp, mlp_loss
 from helpers.parallel import dp
-from helpers.labs import dp as dp_lab
 from helpers.parallel.groups import split_groups
+from helpers.parallel.trace import Span
 from helpers.ranks import LiveRanks
 from helpers.views.dp import plot_timeline
 
@@ -325,7 +326,7 @@ def test_timeline_shows_all_reduces_launched_during_backward_only_with_hooks(ran
         per_rank = ranks.resize(2).run(dp_lab.timeline, variant, SMALL,
                                        bucket_size_mb=TWO_LAYERS_MB, warmup=1)
     for events in per_rank:
-        assert all(isinstance(e, dp.TraceEvent) for e in events)
+        assert all(isinstance(e, Span) for e in events)
         backward, = [e for e in events if e.kind == "backward"]
         launches = [e.start for e in events if e.kind == "all_reduce"]
         assert len(launches) == {"naive": SMALL.layers, "flat": 1, "overlap": SMALL.layers,

@@ -7,12 +7,11 @@ MLPs; bad input refused in the parent.
 import pytest
 import torch
 
-from helpers.cost.experts import sent_bytes
 from helpers.configs import MOE, TRANSFORMER
+from helpers.cost.experts import sent_bytes
+from helpers.labs import experts as ep_lab
 from helpers.models import (MoE, make_moe_batch, make_moe_transformer, make_tokens, moe_loss,
                             moe_transformer_loss, route)
-from helpers.labs import experts as ep_lab
-from helpers.ranks import LiveRanks
 
 DROPPING = MOE.with_(tokens=128, capacity_factor=1.0)   # tight: some slots are dropped
 

@@ -5,9 +5,9 @@ Rank functions used here are defined at module level: spawned ranks import `test
 import pytest
 import torch
 
-from helpers.models import lm_loss, make_tokens, make_transformer
 from helpers.configs import SMALL
 from helpers.labs import memory as mr
+from helpers.models import lm_loss, make_tokens, make_transformer
 from helpers.parallel.fsdp import FSDP
 from helpers.parallel.groups import split_groups
 from tests.test_memory_measured import check_measured_like_the_formulas

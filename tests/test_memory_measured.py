@@ -2,11 +2,12 @@
 import pytest
 import torch
 
-from helpers.cost import memory as cost
-from helpers.models import lm_loss, make_tokens, make_transformer, transformer_forward
 from helpers.configs import SMALL
+from helpers.cost import memory as cost
 from helpers.labs import memory as mr
-from helpers.parallel.memory import CommLog, PeakMemory, SavedActivations, storage_bytes
+from helpers.models import lm_loss, make_tokens, make_transformer, transformer_forward
+from helpers.parallel import trace
+from helpers.parallel.memory import PeakMemory, SavedActivations, storage_bytes
 
 
 def shape_of(config):
@@ -55,12 +56,18 @@ def test_peak_memory_sees_a_temporary_that_is_gone_at_the_end():
     assert kept.numel() == 1000
 
 
-def test_comm_log_counts_elements_times_itemsize():
-    log = CommLog()
-    log.add("all_gather", torch.zeros(10))
-    log.add("all_gather", torch.zeros(5, dtype=torch.float64))
-    log.add("reduce_scatter", torch.zeros(3, dtype=torch.bfloat16))
-    assert log.by_op() == {"all_gather": 80, "reduce_scatter": 6} and log.nbytes == 86
+def test_the_event_log_counts_elements_times_itemsize_while_someone_records():
+    zero, fsdp = trace.Recorder("zero"), trace.Recorder("fsdp")
+    zero.add("all_gather", torch.zeros(1))               # nobody records: dropped
+    with trace.recording("zero") as log:
+        zero.add("all_gather", torch.zeros(10))
+        zero.add("all_gather", torch.zeros(5, dtype=torch.float64))
+        fsdp.add("all_gather", torch.zeros(7))           # another block: not asked for
+        with trace.recording("zero") as inner:           # the innermost recording gets it
+            zero.add("reduce_scatter", torch.zeros(3, dtype=torch.bfloat16))
+    assert trace.bytes_by_op(log) == {"all_gather": 80}
+    assert trace.bytes_by_op(inner) == {"reduce_scatter": 6}
+    assert not trace.recording_for("zero")
 
 
 def check_measured_like_the_formulas(results):

@@ -6,11 +6,11 @@ import torch
 import torch.distributed as dist
 
 from helpers.configs import TRANSFORMER
+from helpers.labs import parallel3d as lab3d
+from helpers.layout import factorizations
 from helpers.models import lm_loss, make_tokens, make_transformer
 from helpers.parallel import parallel3d as p3
-from helpers.labs import parallel3d as lab3d
 from helpers.parallel.groups import split_groups
-from helpers.layout import factorizations
 from helpers.parallel.tp_transformer import SHARDED_DIMS, shard_block, shard_dim
 from helpers.ranks import LiveRanks, RankError
 
@@ -166,10 +166,10 @@ def test_timeline_has_every_kind_of_span_in_order(eight):
         spans = r.timeline
         assert all(isinstance(s, p3.Span) and s.kind in p3.SPAN_KINDS for s in spans)
         assert {s.kind for s in spans} == set(p3.SPAN_KINDS)
-        assert all(s.start_s >= 0 and s.end_s >= s.start_s for s in spans)
-        ordered = sorted(spans, key=lambda s: s.start_s)
+        assert all(s.start >= 0 and s.end >= s.start for s in spans)
+        ordered = sorted(spans, key=lambda s: s.start)
         for a, b in zip(ordered, ordered[1:]):  # one thing at a time on a rank
-            assert b.start_s >= a.end_s - 1e-9, (a, b)
+            assert b.start >= a.end - 1e-9, (a, b)
         # Megatron: 2 all-reduces per block forward (g) and 2 backward (f), per micro-batch
         assert sum(s.kind == "tp_comm" for s in spans) == 4 * blocks * M
         assert sum(s.kind == "dp_comm" for s in spans) == 1  # DDP waits once per step
@@ -182,7 +182,7 @@ def test_timeline_has_every_kind_of_span_in_order(eight):
 
 def test_a_cached_layout_starts_from_the_single_process_step_and_is_built_once(four, one_step):
     from helpers.layout import Layout
-    from helpers.parallel import layouts
+    from helpers.labs import layouts
     four.resize(4).run(layouts.forget_layouts)
     lay = Layout(1, 2, 2, M)
     results = layouts.first_steps(four, lay, SMALL)
@@ -190,7 +190,7 @@ def test_a_cached_layout_starts_from_the_single_process_step_and_is_built_once(f
     run = layouts.run_layout(four, lay, SMALL, steps=3)
     assert len(run.steps_s) == 3 and run.step_s == sorted(run.steps_s)[1]
     for spans in run.timelines:  # the optimizer step closes every rank's step
-        assert max(spans, key=lambda s: s.end_s).kind == "optimizer"
+        assert max(spans, key=lambda s: s.end).kind == "optimizer"
     layouts.run_layout(four, lay, SMALL, steps=1)
     assert four.run(layouts.forget_layouts) == [1] * 4  # one build, kept between the calls
     assert four.run(layouts.forget_layouts) == [0] * 4

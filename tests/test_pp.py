@@ -9,13 +9,13 @@ import torch
 matplotlib.use("Agg")
 from matplotlib.figure import Figure  # noqa: E402
 
-from helpers.cost.bubble import bubble_theory, measured_bubble  # noqa: E402
 from helpers.configs import LECTURE
-from helpers.parallel import pp  # noqa: E402
-from helpers.labs import pp as pp_lab
-from helpers.parallel.groups import split_groups  # noqa: E402
+from helpers.cost.bubble import bubble_theory, measured_bubble  # noqa: E402
 from helpers.cost.schedules import (Action, Event, check_event_log, make_plan,  # noqa: E402
                                         peak_live, simulate)
+from helpers.labs import pp as pp_lab
+from helpers.parallel import pp  # noqa: E402
+from helpers.parallel.groups import split_groups  # noqa: E402
 from helpers.views.pp import (MAX_WIDGET_WORLD_SIZE, WIDGET_T_F, PipelineView,  # noqa: E402
                               _height, pipeline_outputs, plot_bubble_sweep, plot_gantt, plot_runs,
                               schedules_for, valid_ms, widget_pipeline)

@@ -6,9 +6,10 @@ import torch
 
 from helpers.configs import TRANSFORMER, RingConfig
 from helpers.cost.context import formula_bytes
-from helpers.parallel import ring_attention as ra
 from helpers.labs import ring_attention as ra_lab
+from helpers.parallel import ring_attention as ra
 from helpers.parallel.groups import split_groups
+from helpers.parallel.trace import Span
 
 SMALL = RingConfig(batch=1, heads=2, seq=32, head_dim=8)
 
@@ -93,7 +94,8 @@ def test_merge_of_two_key_blocks_is_the_softmax_over_both():
 
 def test_idle_share_from_spans():
     def step(*spans):
-        return ra_lab.RingStep(None, (), 0, tuple(ra.Span(kind, phase, 0, a, b) for kind, phase, a, b in spans))
+        return ra_lab.RingStep(None, (), 0, tuple(Span(kind, a, b, phase=phase)
+                                                  for kind, phase, a, b in spans))
     busy = step(("compute", "forward", 0.0, 4.0), ("compute", "backward", 10.0, 12.0))
     waiting = step(("compute", "forward", 0.0, 1.0), ("wait", "forward", 1.0, 3.0),  # done at 3 of 4
                    ("compute", "backward", 10.0, 12.0))

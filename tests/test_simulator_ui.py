@@ -12,8 +12,8 @@ import pytest
 from helpers.hardware import GTX_580, H100_SXM, PRESETS
 from helpers.simulator.config import gpu_to_json
 from helpers.simulator.curve import run_curve
-from helpers.simulator.settings import Settings
 from helpers.simulator.report import breakdown
+from helpers.simulator.settings import Settings
 from helpers.views.simulator import (TABS, Configuration, SimulatorApp, breakdown_parts,
                                      configuration_from_form, describe, form_values,
                                      plot_breakdown, plot_mfu, scaled_gpu, summary_html,

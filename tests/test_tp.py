@@ -9,11 +9,11 @@ import multiprocessing as mp
 import pytest
 import torch
 
-from helpers.cost.tp import formula_collectives
 from helpers.configs import LECTURE
-from helpers.models import make_batch, make_mlp
 from helpers.cost import tp as tp_cost
+from helpers.cost.tp import formula_collectives
 from helpers.labs import tp as tp_lab
+from helpers.models import make_batch, make_mlp
 from helpers.ranks import LiveRanks
 
 L = LECTURE.layers

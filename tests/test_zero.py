@@ -8,9 +8,9 @@ import torch.distributed as dist
 from torch import nn
 
 from helpers.configs import MLPConfig
+from helpers.labs import dp as dp_lab
 from helpers.models import make_batch, make_mlp, mlp_loss
 from helpers.parallel import dp, zero
-from helpers.labs import dp as dp_lab
 from helpers.parallel.groups import split_groups
 from helpers.ranks import LiveRanks
 

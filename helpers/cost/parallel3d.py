@@ -303,7 +303,7 @@ KINDS = ("compute", "tp_comm", "pp_comm", "dp_comm", "optimizer")
 
 def measured_breakdown(spans_by_rank: Iterable[Iterable], step_s: float) -> Breakdown:
     """A measured step by cause, from every rank's spans of that step (objects with `kind`,
-    `start_s`, `end_s`): compute, TP and DP communication are each the mean over ranks of
+    `start`, `end`): compute, TP and DP communication are each the mean over ranks of
     their spans' summed lengths; the rest of the step, `bubble_p2p_s`, is what the pipeline
     cost: p2p spans (waits for the neighbour included) and idle gaps."""
     totals = []
@@ -312,7 +312,7 @@ def measured_breakdown(spans_by_rank: Iterable[Iterable], step_s: float) -> Brea
         for span in spans:
             if span.kind not in sums:
                 raise ValueError(f"span kind must be one of {KINDS}, got {span.kind!r}")
-            sums[span.kind] += span.end_s - span.start_s
+            sums[span.kind] += span.end - span.start
         totals.append(sums)
     if not totals:
         raise ValueError("spans_by_rank must hold at least one rank")

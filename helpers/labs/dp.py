@@ -15,8 +15,9 @@ from helpers.configs import LECTURE, MLPConfig
 from helpers.cost.memory import FP32_ADAM_BYTES, zero_memory_per_rank
 from helpers.models import make_batch, make_mlp, mlp_loss
 from helpers.optimizers import make_optimizer, optimizer_spec
-from helpers.parallel.dp import VARIANTS, TraceEvent, shard, wrap
+from helpers.parallel.dp import VARIANTS, shard, wrap
 from helpers.parallel.groups import all_reduce_mean, group_rank, group_size, rank_device
+from helpers.parallel.trace import Span
 from helpers.parallel.zero import ShardedOptimizer, state_bytes
 from helpers.timing import Measurement
 
@@ -144,7 +145,7 @@ def comparison_table(rows: list[VariantCheck]) -> str:
 
 def timeline(rank: int, world_size: int, variant: str, config: MLPConfig = LECTURE,
              bucket_size_mb: float = 4.0, warmup: int = 2, traced: int = 5,
-             group=None) -> list[TraceEvent]:
+             group=None) -> list[Span]:
     """Rank function: a traced training step's events, in seconds of the machine-wide
     monotonic clock, so ranks' timestamps are comparable.
 
@@ -169,10 +170,9 @@ def timeline(rank: int, world_size: int, variant: str, config: MLPConfig = LECTU
         opt.step()
         opt.zero_grad()
         if step >= warmup:  # the list itself: a late completion callback still lands in it
-            model.trace += [TraceEvent("forward", "", start, forward_end),
-                            TraceEvent("backward", "", forward_end, backward_end),
-                            TraceEvent("wait", "finish_gradient_synchronization", backward_end,
-                                       sync_end)]
+            model.trace += [Span("forward", start, forward_end),
+                            Span("backward", forward_end, backward_end),
+                            Span("wait", backward_end, sync_end, "finish_gradient_synchronization")]
             recorded.append(model.trace)
     model.trace = None
     dist.barrier(group=group)
@@ -182,7 +182,7 @@ def timeline(rank: int, world_size: int, variant: str, config: MLPConfig = LECTU
     return recorded[int(lengths.argsort()[len(recorded) // 2].item())]
 
 
-def overlap_seconds(events: list[TraceEvent]) -> float:
+def overlap_seconds(events: list[Span]) -> float:
     """How long all-reduces were in flight while backward was still computing."""
     backward = [e for e in events if e.kind == "backward"]
     return sum(max(0.0, min(e.end, b.end) - max(e.start, b.start))

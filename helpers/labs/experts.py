@@ -60,10 +60,10 @@ def ep_step(rank: int, world_size: int, config: MoEConfig = MOE, group=None) -> 
     dist.all_reduce(total, group=group)
     grads = {local_name(n, layer.first): p.grad for n, p in layer.named_parameters()}
     grads["input"] = x.grad
-    moved = [x for x in log if x.what != "counts"]
+    moved = [x for x in log if x.label != "counts"]
     return MoEStep(y.detach(), total.item(), grads, layer.stats,
-                   sum(x.sent_bytes for x in moved), sum(x.sent_bytes for x in log) -
-                   sum(x.sent_bytes for x in moved), sum(x.seconds for x in moved))
+                   sum(x.nbytes for x in moved), sum(x.nbytes for x in log) -
+                   sum(x.nbytes for x in moved), sum(x.seconds for x in moved))
 
 
 def run_ep_step(ranks, e: int, config: MoEConfig = MOE) -> list[MoEStep]:
@@ -133,9 +133,9 @@ def _timed_ep_steps(config: MoEConfig, steps: int, group) -> TimedMoE:
         dist.all_reduce(slowest, op=dist.ReduceOp.MAX, group=group)
         if i:
             times.append(slowest.item())
-            comm.append(sum(x.seconds for x in log if x.what != "counts"))
+            comm.append(sum(x.seconds for x in log if x.label != "counts"))
     return TimedMoE(statistics.median(times), statistics.median(comm),
-                    sum(x.sent_bytes for x in log if x.what != "counts"), layer.stats.dropped)
+                    sum(x.nbytes for x in log if x.label != "counts"), layer.stats.dropped)
 
 
 def ep_transformer_step(rank: int, world_size: int, config: TransformerConfig = TRANSFORMER,
@@ -169,7 +169,7 @@ def ep_transformer_step(rank: int, world_size: int, config: TransformerConfig = 
     dist.all_reduce(total, group=group)
     stats = model.blocks[0].mlp.stats
     return MoEStep(logits.detach(), total.item(), grads, stats,
-                   sum(x.sent_bytes for x in log if x.what != "counts"))
+                   sum(x.nbytes for x in log if x.label != "counts"))
 
 
 @dataclass(frozen=True)

@@ -211,7 +211,7 @@ def calibrate(rank: int, world_size: int, layouts=LAYOUTS_4,
         compute[shape] = statistics.fmean(_gather(statistics.fmean(work)))
         if calls:
             seconds = statistics.fmean(r.seconds for r in timed)
-            tp.append(CommPoint("all_reduce", t, timed[0].payload_bytes,
+            tp.append(CommPoint("all_reduce", t, timed[0].nbytes,
                                 statistics.fmean(_gather(seconds))))
         if t == 1:
             dist.barrier()
@@ -351,7 +351,7 @@ def run_layout(ranks, layout: Layout, config: TransformerConfig = TRANSFORMER,
     ranks.resize(layout.world)
     results = ranks.run(step_layout, layout, config, steps)
     per_step = [tuple(r.timelines[i] for r in results) for i in range(steps)]
-    times = [max(span.end_s for spans in step for span in spans) for step in per_step]
+    times = [max(span.end for spans in step for span in spans) for step in per_step]
     median = sorted(range(steps), key=times.__getitem__)[(steps - 1) // 2]
     loss = next(r.losses[0] for r in results if r.losses)
     return Run(layout, times[median], measured_breakdown(per_step[median], times[median]),

@@ -25,10 +25,11 @@ from helpers.cost.memory import (FP32_RUN, MIXED_RUN, STAGES, ZeroMemory, comm_v
                                  zero_memory_for)
 from helpers.models import lm_loss, make_tokens, make_transformer, transformer_forward
 from helpers.optimizers import OPTIMIZERS, optimizer_spec
+from helpers.parallel import trace
 from helpers.parallel.dp import shard
 from helpers.parallel.fsdp import FSDP
 from helpers.parallel.groups import group_rank, group_size
-from helpers.parallel.memory import CommLog, PeakMemory, Phase, SavedActivations, state_bytes
+from helpers.parallel.memory import PeakMemory, Phase, SavedActivations, state_bytes
 from helpers.parallel.zero import ZeroDP
 
 # Every run here trains with helpers.optimizers' "exact" setting (small steps; why: there).
@@ -69,14 +70,13 @@ class StageRun:
         return sum(n * OPS[op].bus_factor(self.d) for op, n in self.comm.items())
 
 
-def wrap(stage: int, model, group=None, log: CommLog | None = None, prefetch: bool = False,
-         optimizer: str = "adamw"):
-    """The model under `stage`, owning its optimizer (one of helpers.optimizers.OPTIMIZERS): ZeroDP for 0-2,
-    FSDP for 3."""
+def wrap(stage: int, model, group=None, prefetch: bool = False, optimizer: str = "adamw"):
+    """The model under `stage`, owning its optimizer (one of helpers.optimizers.OPTIMIZERS):
+    ZeroDP for 0-2, FSDP for 3."""
     cls, kwargs = optimizer_spec(optimizer, SETTING)
     if stage == 3:
-        return FSDP(model, optimizer_cls=cls, prefetch=prefetch, group=group, log=log, **kwargs)
-    return ZeroDP(model, stage, cls, group=group, log=log, **kwargs)
+        return FSDP(model, optimizer_cls=cls, prefetch=prefetch, group=group, **kwargs)
+    return ZeroDP(model, stage, cls, group=group, **kwargs)
 
 
 def train_stage(rank: int, world_size: int, stage: int, steps: int = 3,
@@ -84,21 +84,20 @@ def train_stage(rank: int, world_size: int, stage: int, steps: int = 3,
                 optimizer: str = "adamw", group=None) -> StageRun:
     """Rank function: `steps` AdamW steps under `stage` over `group`, the last one measured
     (when `measure_last`): the profiler's allocator records around the whole step, the
-    saved-tensor hooks around the forward, the CommLog cleared before it."""
+    saved-tensor hooks around the forward, the event log (`trace.recording`) around it too."""
     r, d = group_rank(group), group_size(group)
     tokens = make_tokens(config)
     ids, targets = shard(tokens.inputs, r, d), shard(tokens.targets, r, d)
-    log = CommLog()
-    model = wrap(stage, make_transformer(config), group, log, prefetch, optimizer)
+    model = wrap(stage, make_transformer(config), group, prefetch, optimizer)
     run = StageRun(stage, d, [], {})
     for step in range(steps):
         measured = measure_last and step == steps - 1
-        log.clear()
         start = state_bytes(model.parameters(), model.optimizer).total
         saved = SavedActivations()
         dist.barrier(group=group)
         t0 = time.perf_counter()
-        with PeakMemory(start) if measured else contextlib.nullcontext() as peak:
+        with (PeakMemory(start) if measured else contextlib.nullcontext() as peak,
+              trace.recording("zero", "fsdp") as log):
             with saved if measured else contextlib.nullcontext(), record_function("forward"):
                 loss = lm_loss(model(ids), targets)
             with record_function("backward"):
@@ -112,7 +111,7 @@ def train_stage(rank: int, world_size: int, stage: int, steps: int = 3,
             run.state = state_bytes(model.parameters(), model.optimizer)
             run.activations, run.peak_bytes = saved.bytes, peak.bytes
             run.peak_curve, run.phases = peak.curve, peak.phases
-            run.comm = log.by_op()
+            run.comm = trace.bytes_by_op(log)
         model.zero_grad()
         run.losses.append(loss.item())
     run.params = (model.full_parameters() if stage == 3 else

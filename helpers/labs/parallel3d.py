@@ -23,10 +23,11 @@ from helpers.optimizers import OPTIMIZERS, make_optimizer
 from helpers.parallel.dp import BucketedDDP, shard
 from helpers.parallel.groups import all_reduce_mean, rank_device
 from helpers.parallel.mesh import build_groups
-from helpers.parallel.parallel3d import Clock, Shard, Span, Stage, pipeline_step, stage_shards
+from helpers.parallel.parallel3d import Clock, Shard, Stage, pipeline_step, stage_shards
 from helpers.parallel.pp import Mailbox
 from helpers.parallel.tp import counting
 from helpers.parallel.tp_transformer import check_tensor_degree, shard_block
+from helpers.parallel.trace import Span
 
 
 @dataclass

@@ -18,9 +18,11 @@ from helpers.configs import RING, TRANSFORMER, RingConfig, TransformerConfig
 from helpers.cost.context import LAYOUTS, check_split
 from helpers.launch.host import intra_op_threads
 from helpers.models import lm_loss, make_tokens, make_transformer
+from helpers.parallel import trace
 from helpers.parallel.groups import group_rank, group_size
-from helpers.parallel.ring_attention import (ContextParallelAttention, Span, scores, Shift,
-                                             assemble, local, recording, ring_attention)
+from helpers.parallel.ring_attention import (ContextParallelAttention, Shift, assemble, local,
+                                             ring_attention, scores)
+from helpers.parallel.trace import Span
 
 
 def make_qkv(config: RingConfig = RING) -> tuple[torch.Tensor, ...]:
@@ -55,11 +57,12 @@ def ring_step(rank: int, world_size: int, config: RingConfig = RING, layout: str
     q, k, v, g = (local(x, r, c, layout) for x in make_qkv(config))
     q, k, v = (x.requires_grad_() for x in (q, k, v))
     dist.barrier(group=group)
-    with recording() as (spans, sent):
+    with trace.recording("ring") as log:
         out = ring_attention(q, k, v, layout, group, pause_s)
         out.backward(g)
     dist.barrier(group=group)
-    return RingStep(out.detach(), (q.grad, k.grad, v.grad), sum(sent), tuple(spans))
+    return RingStep(out.detach(), (q.grad, k.grad, v.grad),
+                    sum(c.nbytes for c in trace.comms(log)), tuple(trace.spans(log)))
 
 
 def run_ring_step(ranks, c: int, config: RingConfig = RING, layout: str = "zigzag",

@@ -31,7 +31,6 @@ from __future__ import annotations
 import contextlib
 import itertools
 import time
-from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -39,22 +38,9 @@ from torch import nn
 
 from helpers.checks import check_choice, check_divisible, check_number
 from helpers.parallel.groups import PendingMean, all_reduce_mean, all_reduce_mean_async, global_rank
+from helpers.parallel.trace import Span
 
 VARIANTS = ("naive", "flat", "overlap", "bucketed")
-
-
-@dataclass(frozen=True)
-class TraceEvent:
-    """One interval of a traced training step, in seconds of the machine-wide monotonic clock.
-
-    kind: "forward", "backward", "wait" (inside finish_gradient_synchronization), "all_reduce"
-    (launch to completion) or "grad" (a gradient-ready hook fired: start == end);
-    label: the parameter or bucket an all-reduce or hook is about ("" otherwise).
-    """
-    kind: str
-    label: str
-    start: float
-    end: float
 
 
 @torch.no_grad()
@@ -133,7 +119,11 @@ class _DataParallel(nn.Module):
                                "rank function (helpers.ranks.spawn / LiveRanks.run)")
         self.module = module
         self.process_group = group
-        self.trace: list[TraceEvent] | None = None  # set to [] to record this step's events
+        # Set to [] to record this step's `Span`s, in seconds of the machine-wide monotonic clock:
+        # "all_reduce" (a bucket's, launch to completion) and "grad" (a gradient-ready hook fired,
+        # start == end), labelled with the bucket or parameter; the lab adds "forward",
+        # "backward" and "wait" (inside finish_gradient_synchronization).
+        self.trace: list[Span] | None = None
         broadcast_from_rank0(module, group)
         # parameters() lists a tied (shared) parameter once, so it is reduced once.
         trainable = [p for p in module.parameters() if p.requires_grad]
@@ -160,7 +150,7 @@ class _DataParallel(nn.Module):
     def forward(self, *args, **kwargs):
         return self.module(*args, **kwargs)
 
-    def _record(self, event: TraceEvent) -> None:
+    def _record(self, event: Span) -> None:
         if self.trace is not None:
             self.trace.append(event)
 
@@ -178,7 +168,7 @@ class _DataParallel(nn.Module):
 
     def _on_gradient_ready(self, p: torch.Tensor) -> None:
         now = time.perf_counter()
-        self._record(TraceEvent("grad", self._names[p], now, now))
+        self._record(Span("grad", now, now, self._names[p]))
         if not self._sync:
             return  # accumulating (no_sync): the bucket fills on the last backward
         bucket = self._bucket_of[p]
@@ -200,7 +190,7 @@ class _DataParallel(nn.Module):
         label = f"bucket {index}" if len(bucket.params) > 1 else self._names[bucket.params[0]]
         if not self.overlap:
             all_reduce_mean(bucket.buffer, self.process_group)
-            self._record(TraceEvent("all_reduce", label, start, time.perf_counter()))
+            self._record(Span("all_reduce", start, time.perf_counter(), label))
             return
         bucket.pending = all_reduce_mean_async(bucket.buffer, self.process_group)
         if self.trace is not None:
@@ -208,7 +198,7 @@ class _DataParallel(nn.Module):
             # may run just after wait() returns, so it writes into this step's list, bound now.
             trace = self.trace
             bucket.pending.work.get_future().then(
-                lambda _f: trace.append(TraceEvent("all_reduce", label, start, time.perf_counter())))
+                lambda _f: trace.append(Span("all_reduce", start, time.perf_counter(), label)))
 
     def finish_gradient_synchronization(self) -> None:
         """Launch what backward has not, wait for everything, average. Call before step()."""

@@ -25,7 +25,6 @@ Bytes are counted per rank as what it hands to the network: every row it sends t
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -34,24 +33,18 @@ from torch import nn
 from helpers.cost.experts import capacity as expert_capacity
 from helpers.cost.experts import check_expert_degree, sent_bytes
 from helpers.models import MoE, MoEStats, kept_slots, route, stats_of
-from helpers.parallel.groups import CallLog, group_rank, group_size
+from helpers.parallel import trace
+from helpers.parallel.groups import group_rank, group_size
 
 # ----------------------------------------------------------------------------------------
 # Counting what each all-to-all sends.
 # ----------------------------------------------------------------------------------------
 
-@dataclass(frozen=True)
-class Exchange:
-    """One all-to-all on this rank."""
-    what: str           # "counts", "dispatch" or "combine"
-    phase: str          # "forward" or "backward"
-    sent_bytes: int     # handed to other ranks
-    seconds: float
-    start: float        # time.perf_counter() when it began
-
-
-_LOG = CallLog()          # every all-to-all this module issues, while someone counts
-counting = _LOG.counting  # `with counting() as log:` → a list of Exchange, on this rank
+def counting():
+    """`with counting() as log:` → this module's all-to-alls as `trace.Comm`s, on this rank:
+    `label` says what travelled ("counts", "dispatch" or "combine"), `nbytes` what this rank
+    handed to other ranks."""
+    return trace.recording("experts")
 
 
 def _all_to_all(x: torch.Tensor, send_rows: list[int], recv_rows: list[int], what: str,
@@ -61,10 +54,11 @@ def _all_to_all(x: torch.Tensor, send_rows: list[int], recv_rows: list[int], wha
     out = x.new_empty((sum(recv_rows),) + tuple(x.shape[1:]))
     start = time.perf_counter()
     dist.all_to_all_single(out, x, recv_rows, send_rows, group=group)
-    if _LOG.on:
+    if trace.recording_for("experts"):
         row_bytes = x[0].numel() * x.element_size() if x.dim() > 1 else x.element_size()
-        _LOG.add(Exchange(what, phase, sent_bytes(send_rows, group_rank(group), row_bytes),
-                             time.perf_counter() - start, start))
+        trace.record("experts", trace.Comm(
+            "experts", "all_to_all", sent_bytes(send_rows, group_rank(group), row_bytes), phase,
+            group_size(group), start, time.perf_counter() - start, what))
     return out
 
 

@@ -17,7 +17,8 @@ padded to a multiple of d) and each of the group's d ranks keeps only its 1/d sl
 With `prefetch=True`, the all-gather of the next unit (forward: the following one; backward:
 the preceding one) is launched before this unit computes, so it can travel meanwhile; a rank
 then holds two units at once instead of one. Works on any process group: ranks number their
-shards by group rank. `log` (a CommLog) records every collective.
+shards by group rank. `self.log` records every collective in the course's event log
+(`helpers.parallel.trace`, block "fsdp").
 """
 from __future__ import annotations
 
@@ -28,9 +29,9 @@ import torch.distributed as dist
 from torch import nn
 
 from helpers.models import Transformer
+from helpers.parallel import trace
 from helpers.parallel.dp import broadcast_from_rank0
 from helpers.parallel.groups import all_gather_into, group_rank, group_size, reduce_scatter_into
-from helpers.parallel.memory import CommLog
 from helpers.parallel.zero import FlatBucket
 
 
@@ -81,7 +82,7 @@ class FSDP(nn.Module):
 
     def __init__(self, module: nn.Module, units: Sequence[nn.Module] | None = None,
                  optimizer_cls: type = torch.optim.AdamW, *, prefetch: bool = False,
-                 group=None, log: CommLog | None = None, **optimizer_kwargs: Any):
+                 group=None, **optimizer_kwargs: Any):
         super().__init__()
         if not dist.is_initialized():
             raise RuntimeError("FSDP needs a process group: build it inside a rank function "
@@ -93,7 +94,7 @@ class FSDP(nn.Module):
             units = transformer_units(module)
         self.process_group, self.prefetch = group, prefetch
         self.rank, self.d = group_rank(group), group_size(group)
-        self.log = log if log is not None else CommLog()
+        self.log = trace.Recorder("fsdp")
         broadcast_from_rank0(module, group)
         unit_params = [set(u.parameters()) for u in units]
         for p_name, p in module.named_parameters():

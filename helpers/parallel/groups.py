@@ -109,28 +109,3 @@ def fd2_muted():
         os.dup2(saved, 2)
         os.close(saved)
         os.close(devnull)
-
-
-class CallLog:
-    """What a module's collectives did, kept only while someone counts: `with log.counting() as
-    entries:` collects every `log.add(...)` made inside the block (on this rank; an inner block
-    gets a list of its own). `log.on` says whether anyone counts, so that callers skip the
-    bookkeeping when nobody does."""
-
-    def __init__(self):
-        self._entries: list | None = None
-
-    @property
-    def on(self) -> bool:
-        return self._entries is not None
-
-    @contextlib.contextmanager
-    def counting(self):
-        previous, self._entries = self._entries, []
-        try:
-            yield self._entries
-        finally:
-            self._entries = previous
-
-    def add(self, entry) -> None:
-        self._entries.append(entry)

@@ -9,13 +9,12 @@
 * `PeakMemory`: the profiler's allocator records (`torch.profiler`, `profile_memory=True`):
   every allocation and free of a step in time order; their running sum, plus what was
   allocated when it started, peaks at the step's peak.
-* `CommLog`: the bytes a rank hands to each collective, counted at the call sites as
-  elements × itemsize of the collective's buffer (nccl-tests' n: the all-reduced tensor, the
-  all-gathered output, the reduce-scattered input).
+The bytes a rank hands to each collective are counted at the call sites, as elements ×
+itemsize of the collective's buffer (nccl-tests' n: the all-reduced tensor, the all-gathered
+output, the reduce-scattered input), in the course's event log (`helpers.parallel.trace`).
 """
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import dataclass, field
 from typing import Iterable
 
@@ -156,34 +155,3 @@ class PeakMemory:
             at_start = before[-1] if before else self.baseline
             at_end = inside[-1] if inside else at_start
             self.phases.append(Phase(name, at_start, max([at_start] + inside), at_end))
-
-
-@dataclass(frozen=True)
-class CommRecord:
-    op: str       # a key of helpers.cost.alpha_beta.OPS
-    nbytes: int   # the collective's buffer n, elements × itemsize
-
-
-class CommLog:
-    """The collectives one rank issued, as CommRecords; building blocks call `add` where they
-    call torch.distributed. `clear()` between steps."""
-
-    def __init__(self):
-        self.records: list[CommRecord] = []
-
-    def add(self, op: str, tensor: torch.Tensor) -> None:
-        self.records.append(CommRecord(op, tensor.numel() * tensor.element_size()))
-
-    def clear(self) -> None:
-        self.records.clear()
-
-    @property
-    def nbytes(self) -> int:
-        return sum(r.nbytes for r in self.records)
-
-    def by_op(self) -> dict[str, int]:
-        totals: Counter[str] = Counter()
-        for r in self.records:
-            totals[r.op] += r.nbytes
-        return dict(totals)
-

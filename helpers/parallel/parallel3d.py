@@ -44,6 +44,7 @@ from helpers.models import Block, Transformer, lm_loss
 from helpers.parallel.dp import BucketedDDP
 from helpers.parallel.pp import Mailbox, stage_range
 from helpers.parallel.tp_transformer import shard_dim
+from helpers.parallel.trace import Span
 
 SPAN_KINDS = ("compute", "tp_comm", "pp_comm", "dp_comm", "optimizer")
 
@@ -51,19 +52,6 @@ SPAN_KINDS = ("compute", "tp_comm", "pp_comm", "dp_comm", "optimizer")
 # ----------------------------------------------------------------------------------------
 # Results.
 # ----------------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class Span:
-    """An interval of one rank's step, in seconds from the step's common start."""
-    kind: str        # one of SPAN_KINDS
-    start_s: float
-    end_s: float
-    label: str = ""  # "F 2" / "B 2" (micro-batch 2), the collective ("all_reduce forward") …
-
-    @property
-    def duration_s(self) -> float:
-        return self.end_s - self.start_s
-
 
 @dataclass(frozen=True)
 class Shard:
@@ -117,7 +105,7 @@ def stage_shards(stage: Stage, t: int, tp_rank: int) -> dict[str, Shard]:
 
 class Clock:
     """Records Spans (when enabled) in seconds from `t0`; compute spans are cut around the TP
-    collectives that `log` (tp.counting's list) recorded inside them."""
+    collectives that `log` (tp.counting's list of `trace.Comm`) recorded inside them."""
 
     def __init__(self, enabled: bool, log: list | None = None):
         self.enabled, self.log = enabled, log

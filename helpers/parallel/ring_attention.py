@@ -25,10 +25,8 @@ one world.
 """
 from __future__ import annotations
 
-import contextlib
 import math
 import time
-from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -36,39 +34,17 @@ from torch import nn
 
 from helpers.cost.context import block_pairs, chunks_of
 from helpers.models import Attention
+from helpers.parallel import trace
 from helpers.parallel.groups import global_rank, group_rank, group_size
 
 # ----------------------------------------------------------------------------------------
 # What each rank did when: compute spans, waits and bytes sent (timelines, idle time).
 # ----------------------------------------------------------------------------------------
 
-@dataclass(frozen=True)
-class Span:
-    kind: str        # "compute" or "wait"
-    phase: str       # "forward" or "backward"
-    step: int        # ring step 0 … c − 1
-    start: float     # time.perf_counter() (one clock for every process of this machine)
-    end: float
-
-
-_SPANS: list[Span] | None = None
-_SENT: list[int] | None = None
-
-
-@contextlib.contextmanager
-def recording():
-    """Record this rank's spans and sent bytes inside the block: yields (spans, sent)."""
-    global _SPANS, _SENT
-    previous, (_SPANS, _SENT) = (_SPANS, _SENT), ([], [])
-    try:
-        yield _SPANS, _SENT
-    finally:
-        _SPANS, _SENT = previous
-
-
 def _span(kind: str, phase: str, step: int, start: float) -> None:
-    if _SPANS is not None:
-        _SPANS.append(Span(kind, phase, step, start, time.perf_counter()))
+    """Log a "compute" or "wait" span of ring step `step` (0 … c − 1) that began at `start`."""
+    if trace.recording_for("ring"):
+        trace.record("ring", trace.Span(kind, start, time.perf_counter(), phase=phase, step=step))
 
 
 class Shift:
@@ -79,8 +55,9 @@ class Shift:
         self.inbox = torch.empty_like(tensor)
         self.works = [dist.isend(tensor, global_rank(group, (r + 1) % c), group=group, tag=tag),
                       dist.irecv(self.inbox, global_rank(group, (r - 1) % c), group=group, tag=tag)]
-        if _SENT is not None:
-            _SENT.append(tensor.numel() * tensor.element_size())
+        if trace.recording_for("ring"):
+            trace.record("ring", trace.Comm("ring", "send", tensor.numel() * tensor.element_size(),
+                                            group_size=c, start=time.perf_counter()))
 
     def wait(self, phase: str, step: int) -> torch.Tensor:
         start = time.perf_counter()

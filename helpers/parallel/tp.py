@@ -35,30 +35,13 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
-from helpers.cost.alpha_beta import OPS
 from helpers.cost.tp import kind_of
-from helpers.parallel.groups import (CallLog, all_gather_into, group_rank, group_size,
-                                     reduce_scatter_into)
+from helpers.parallel import trace
+from helpers.parallel.groups import all_gather_into, group_rank, group_size, reduce_scatter_into
 
 # ----------------------------------------------------------------------------------------
 # Counting what we hand to torch.distributed.
 # ----------------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class CommRecord:
-    op: str
-    phase: str          # "forward" or "backward"
-    shape: tuple
-    payload_bytes: int  # the full buffer n (AR: the tensor; AG: the output; RS: the input)
-    t: int              # ranks in the group
-    seconds: float
-    start: float = 0.0  # time.perf_counter() when the call began (timelines place it)
-
-    @property
-    def ring_bytes(self) -> int:
-        """Bytes this rank sends under the ring algorithm: alpha_beta's bus factor × n."""
-        return round(OPS[self.op].bus_factor(self.t) * self.payload_bytes)
-
 
 @dataclass(frozen=True)
 class CommCount:
@@ -96,24 +79,27 @@ class CommSummary:
         return {op: tuple(calls) for op, calls in out.items()}
 
 
-_LOG = CallLog()          # every collective this module issues, while someone counts
-counting = _LOG.counting  # `with counting() as log:` → a list of CommRecord, on this rank
+def counting():
+    """`with counting() as log:` → the `trace.Comm`s of this module's collectives, on this rank."""
+    return trace.recording("tp")
 
 
 def record(op: str, phase: str, tensor: torch.Tensor, start: float, group=None) -> None:
-    if _LOG.on:
+    """Log one collective this module just issued on `tensor` (its full buffer n)."""
+    if trace.recording_for("tp"):
         if tensor.is_cuda:  # NCCL returns before the data moved: wait, so time means something
             torch.cuda.synchronize(tensor.device)
-        _LOG.add(CommRecord(op, phase, tuple(tensor.shape), tensor.numel() * tensor.element_size(),
-                               group_size(group), time.perf_counter() - start, start))
+        seconds = time.perf_counter() - start
+        trace.record("tp", trace.Comm("tp", op, tensor.numel() * tensor.element_size(), phase,
+                                      group_size(group), start, seconds, str(tuple(tensor.shape))))
 
 
-def summarize(log: list[CommRecord]) -> CommSummary:
+def summarize(log: list[trace.Comm]) -> CommSummary:
     totals: dict[tuple[str, str], list[int]] = {}
     for rec in log:
         entry = totals.setdefault((rec.op, rec.phase), [0, 0, 0])
         entry[0] += 1
-        entry[1] += rec.payload_bytes
+        entry[1] += rec.nbytes
         entry[2] += rec.ring_bytes
     return CommSummary(tuple(CommCount(op, phase, *entry) for (op, phase), entry in totals.items()),
                        sum(r.seconds for r in log))

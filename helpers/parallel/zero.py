@@ -22,10 +22,10 @@ import torch.distributed as dist
 from torch import nn
 
 from helpers.checks import check_choice, check_number
+from helpers.parallel import trace
 from helpers.parallel.dp import broadcast_from_rank0
 from helpers.parallel.groups import (all_gather_into, global_rank, group_rank, group_size,
                                      reduce_scatter_into)
-from helpers.parallel.memory import CommLog
 
 
 class ShardedOptimizer(torch.optim.Optimizer):
@@ -206,14 +206,14 @@ class ZeroDP(nn.Module):
       (and `.grad` never stays): a rank keeps only its 1/d of the gradients.
 
     The optimizer of stages 1-2 steps one tensor per bucket, a view of this rank's slice of
-    the flat parameters, so its state is ~1/d. `log` (a CommLog) records every collective.
+    the flat parameters, so its state is ~1/d. `self.log` records every collective in the
+    course's event log (`helpers.parallel.trace`, block "zero").
     Gradients are averaged over the group (SUM, then divide by d): each rank's loss is the
     mean over its own slice of the batch.
     """
 
     def __init__(self, module: nn.Module, stage: int, optimizer_cls: type = torch.optim.AdamW,
-                 *, bucket_size_mb: float = 0.25, group=None, log: CommLog | None = None,
-                 **optimizer_kwargs: Any):
+                 *, bucket_size_mb: float = 0.25, group=None, **optimizer_kwargs: Any):
         super().__init__()
         check_choice("stage", stage, ZERO_DP_STAGES)
         check_number("bucket_size_mb", bucket_size_mb, low=0, low_inclusive=False, unit="MiB")
@@ -222,7 +222,7 @@ class ZeroDP(nn.Module):
                                "(helpers.ranks.spawn / LiveRanks.run)")
         self.module, self.stage, self.process_group = module, stage, group
         self.rank, self.d = group_rank(group), group_size(group)
-        self.log = log if log is not None else CommLog()
+        self.log = trace.Recorder("zero")
         broadcast_from_rank0(module, group)
         trainable = [p for p in module.parameters() if p.requires_grad]
         self.buckets = [FlatBucket(ps, self.d, self.rank)

@@ -6,13 +6,13 @@ import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
 
 from helpers.cost.memory import MIXED_PRECISION_ADAM_BYTES, STAGES, zero_memory_per_rank
-from helpers.parallel.dp import TraceEvent
+from helpers.parallel.trace import Span
 from helpers.views.kit import FULL_LABEL, human_bytes
 
 COLOURS = {"forward": "#9ecae1", "backward": "#3182bd", "all_reduce": "#e6550d"}
 
 
-def plot_timeline(traces: dict[str, list[list[TraceEvent]]]) -> Figure:
+def plot_timeline(traces: dict[str, list[list[Span]]]) -> Figure:
     """traces: {variant: [events of rank 0, events of rank 1, ...]} (dp.timeline's) -> one row
     per (variant, rank): compute on the upper lane, all-reduces in flight on the lower one,
     ticks where a gradient became ready. Time 0 is the first rank's start of that variant's

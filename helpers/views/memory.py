@@ -10,9 +10,9 @@ from IPython.display import display
 from matplotlib.figure import Figure
 
 from helpers.checks import check_choice
+from helpers.configs import SMALL, TRANSFORMER, TransformerConfig
 from helpers.cost.memory import (FP32_RUN, PRECISIONS, STAGES, ModelPreset, PlannedMemory,
                                  plan_memory, preset)
-from helpers.configs import SMALL, TRANSFORMER, TransformerConfig
 from helpers.labs.memory import StageResult
 from helpers.views.kit import FULL_LABEL, human_bytes
 

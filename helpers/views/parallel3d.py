@@ -7,8 +7,8 @@ import matplotlib.pyplot as plt
 from matplotlib.patches import Patch
 
 from helpers.cost.parallel3d import Breakdown, Comparison, predict
-from helpers.layout import Layout, factorizations
 from helpers.labs.layouts import run_layout
+from helpers.layout import Layout, factorizations
 from helpers.views.kit import png_output, text_output
 
 _COLOURS = {"compute": "tab:blue", "tp_comm": "tab:orange", "pp_comm": "tab:green",
@@ -65,7 +65,7 @@ def plot_gantt(timelines, title: str = "one step, rank by rank"):
     fig, ax = plt.subplots(figsize=(9, 0.5 * len(timelines) + 1.4), layout="constrained")
     for rank, spans in enumerate(timelines):
         for span in spans:
-            ax.barh(rank, 1e3 * (span.end_s - span.start_s), left=1e3 * span.start_s, height=0.7,
+            ax.barh(rank, 1e3 * (span.end - span.start), left=1e3 * span.start, height=0.7,
                     color=_COLOURS[span.kind], edgecolor="none")
     # Patches, not empty bars: an empty barh has no patch to show, and the legend then drew
     # every entry in the default blue
