@@ -274,12 +274,15 @@ def test_time_collective_on_nccl():
     assert all(r["backend"] == "nccl" and min(r["times_s"]) > 0 for r in records)
 
 
-def test_gloo_facts_on_this_torch(ranks):
+def test_the_backend_probe_on_a_gloo_group(ranks):
+    from helpers.labs.collectives import probe_backend
     ranks.resize(2)
-    facts = ranks.run(lab.gloo_facts)[0]
-    assert facts["all_reduce(op=ReduceOp.AVG)"].endswith("= 0.5")
-    assert facts["reduce_scatter input (4, 3) -> (2, 3)"].startswith("accepted")
-    assert facts["reduce_scatter input (2, 6) -> (2, 3)"].startswith("refused")
+    facts = ranks.run(probe_backend, on_gloo=True)[0]
+    assert facts["backend"] == "gloo"
+    assert facts["reduce_scatter (p·2, 3) = (4, 3) -> (2, 3)"] == "works"
+    assert facts["reduce_scatter (2, p·3) = (2, 6) -> (2, 3)"].startswith("fails: ")
+    assert "(4 vs. 2)" in facts["reduce_scatter (2, p·3) = (2, 6) -> (2, 3)"]  # no time, no path
+    assert facts["all_reduce_mean"] == "works"
 
 
 def test_benchmark_prints_its_json_last(capsys):

@@ -1,6 +1,6 @@
 """Notebook 02's runs: benchmarking collectives on live ranks.
 
-Rank functions (`time_collective`, `scheduler_waits`, `gloo_facts`) run on live ranks
+Rank functions (`time_collective`, `scheduler_waits`) run on live ranks
 (`helpers.ranks.LiveRanks`) or under torchrun; the sweeps (`run_sweep`, and `run_small_sweep`
 behind the widget) call them on live ranks, one call of the ranks per (p, op). The timing
 itself is `helpers.parallel.bench`; the sizes, the estimator, the fit and the tables are
@@ -70,53 +70,6 @@ def scheduler_waits(rank: int, world_size: int, nbytes: int = KiB, iters: int = 
                for name, a in after.items() if name in before}
     return {"times_s": times, "elapsed_s": elapsed,
             "threads": {k: v for k, v in threads.items() if v["slices"] > 0}}
-
-
-def gloo_facts(rank: int, world_size: int) -> dict[str, str]:
-    """Rank function: what gloo on this torch does with AVG and with reduce-scatter shapes.
-
-    Runs on a gloo group even when the default backend is NCCL, so the answer is the same
-    everywhere. Every message is reduced to its deterministic part (no times, no pids).
-    """
-    import torch
-    import torch.distributed as dist
-
-    from helpers.parallel.groups import fd2_muted, reduce_scatter_into
-
-    group = None if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")
-    facts = {}
-
-    def attempt(name, fn):
-        try:
-            facts[name] = fn()
-        except Exception as error:  # the lesson is the error, shown in words
-            message = str(error)
-            core = message.split("Check failed:")[-1].strip() if "Check failed:" in message \
-                else message.splitlines()[0][:120]
-            facts[name] = f"refused: {type(error).__name__}: {core}"
-
-    def avg():
-        x = torch.full((2,), float(rank))
-        dist.all_reduce(x, op=dist.ReduceOp.AVG, group=group)
-        return f"accepted; mean of the ranks' values 0..{world_size - 1} = {x[0].item():g}"
-    attempt("all_reduce(op=ReduceOp.AVG)", avg)
-
-    def flat_dim0():
-        inp = torch.ones(world_size * 2, 3)
-        out = torch.empty(2, 3)
-        reduce_scatter_into(out, inp, group=group)
-        return f"accepted; output {tuple(out.shape)} = {out[0, 0].item():g} everywhere"
-    attempt(f"reduce_scatter input ({world_size * 2}, 3) -> (2, 3)", flat_dim0)
-
-    def split_dim1():
-        inp = torch.ones(2, 3 * world_size)
-        out = torch.empty(2, 3)
-        with fd2_muted():
-            reduce_scatter_into(out, inp, group=group)
-        return "accepted"
-    attempt(f"reduce_scatter input (2, {3 * world_size}) -> (2, 3)", split_dim1)
-    dist.barrier(group=group)
-    return facts
 
 
 # ----------------------------------------------------------------------------------------

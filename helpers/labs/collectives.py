@@ -119,36 +119,50 @@ def lecture_example(rank: int, world_size: int, group=None) -> dict:
 # Gaps between backends: probe what this torch's backend does, and the portable way.
 # ---------------------------------------------------------------------------------------
 
-def probe_backend(rank: int, world_size: int, group=None) -> dict:
-    """Rank function: try the calls the lecture makes that some backends refuse."""
+def probe_backend(rank: int, world_size: int, group=None, on_gloo: bool = False) -> dict:
+    """Rank function: try the calls some backends refuse, and the course's portable forms.
+
+    {call: "works" or "fails: <the backend's reason>"}. Every message is reduced to its
+    deterministic part (no times, no pids, no paths). `on_gloo=True` probes a gloo group even
+    where the default backend is NCCL, so the answer is the same on every machine.
+    """
+    if on_gloo and dist.get_backend(group) != "gloo":
+        group = dist.new_group(dist.get_process_group_ranks(group or dist.group.WORLD),
+                               backend="gloo")
+    p = group_size(group)
+    device = rank_device() if dist.get_backend(group) != "gloo" else torch.device("cpu")
+    x = start_tensor(group_rank(group), 4).to(device)
+
     def attempt(call):
         try:
-            call()
+            with fd2_muted():
+                call()
             return "works"
         except (RuntimeError, ValueError) as error:
             first = str(error).strip().splitlines()[0]
             # Drop the C++ prefix "[rank0]:[F1129 12:00:00.0 File.cpp:123] " (time, path).
             return "fails: " + re.sub(r"^\[rank\d+\]:\[[^\]]*\]\s*", "", first)[:90]
 
-    def lecture_call():
-        with fd2_muted():
-            reduce_scatter_into(lecture_output, lecture_input, group=group)
+    def reduce_scatter(input_shape, output_shape):
+        out = torch.empty(output_shape, device=device)
+        return lambda: reduce_scatter_into(out, torch.ones(input_shape, device=device), group)
 
-    size = group_size(group)
-    x = start_tensor(group_rank(group), 4).to(rank_device())
-    n = 4
-    lecture_input = torch.randn(size, n, device=x.device)   # the lecture's 2-D input
-    lecture_output = torch.empty(n, device=x.device)
-    flat_output = torch.empty(n, device=x.device)
-    return {
+    lecture_input = torch.randn(p, 4, device=device)   # the lecture's 2-D input
+    report = {
         "backend": dist.get_backend(group),
         "all_reduce(op=AVG)":
             attempt(lambda: dist.all_reduce(x.clone(), op=dist.ReduceOp.AVG, group=group)),
-        "reduce_scatter(2-D input (w, n) -> output (n,))": attempt(lecture_call),
-        "reduce_scatter_rows (flattened)":
-            attempt(lambda: reduce_scatter_rows(flat_output, lecture_input, group=group)),
+        "reduce_scatter(2-D input (w, n) -> output (n,))": attempt(reduce_scatter((p, 4), (4,))),
+        f"reduce_scatter (p·2, 3) = ({2 * p}, 3) -> (2, 3)": attempt(reduce_scatter((2 * p, 3),
+                                                                                    (2, 3))),
+        f"reduce_scatter (2, p·3) = (2, {3 * p}) -> (2, 3)": attempt(reduce_scatter((2, 3 * p),
+                                                                                    (2, 3))),
+        "reduce_scatter_rows (flattened)": attempt(lambda: reduce_scatter_rows(
+            torch.empty(4, device=device), lecture_input, group=group)),
         "all_reduce_mean": attempt(lambda: all_reduce_mean(x.clone(), group=group)),
     }
+    dist.barrier(group=group)
+    return report
 
 
 # ---------------------------------------------------------------------------------------
