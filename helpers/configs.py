@@ -15,7 +15,6 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from helpers.checks import check_divisible, check_int, check_number
-from helpers.cost.experts import capacity as expert_capacity
 
 
 @dataclass(frozen=True)
@@ -115,16 +114,8 @@ class MoEConfig:
         """A copy with some fields changed (validated like the original)."""
         return replace(self, **changes)
 
-    @property
-    def capacity(self) -> int:
-        """Token slots one expert takes from one group."""
-        return expert_capacity(self.tokens // self.groups, self.experts, self.top_k,
-                               self.capacity_factor)
-
 
 MOE = MoEConfig()
-
-
 
 
 @dataclass(frozen=True)
@@ -143,8 +134,6 @@ class RingConfig:
 
 
 RING = RingConfig()
-
-
 
 
 # Notebook 08's model: notebook 07's decoder, small enough that 4 ranks train it on 2 cores

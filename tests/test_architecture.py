@@ -199,6 +199,13 @@ def test_cost_modules_are_pure_arithmetic():
     assert "torch" not in loaded_after_import(COST)
 
 
+def test_the_records_stand_alone():
+    # Models build from the configurations and cost reads them, so they import neither.
+    assert offenders("helpers.configs", ("helpers.cost", "helpers.models", "helpers.parallel")) == []
+    assert offenders("helpers.layout", ("helpers.cost", "helpers.models", "helpers.parallel")) == []
+    assert "torch" not in loaded_after_import(["helpers.configs", "helpers.layout"])
+
+
 @pytest.mark.parametrize("folder", ["parallel", "cost"])
 def test_blocks_and_cost_load_no_launcher(folder):
     assert not any(m.startswith("helpers.launch") for m in loaded_after_import(modules(folder)))
