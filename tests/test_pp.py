@@ -1,4 +1,5 @@
 """Pipeline parallelism: schedules against the plain model, event logs, live activations."""
+import dataclasses
 import multiprocessing
 import threading
 
@@ -11,8 +12,8 @@ from matplotlib.figure import Figure  # noqa: E402
 
 from helpers.configs import LECTURE
 from helpers.cost.bubble import bubble_theory, measured_bubble  # noqa: E402
-from helpers.cost.schedules import (Action, Event, check_event_log, make_plan,  # noqa: E402
-                                        peak_live, simulate)
+from helpers.cost.schedules import (Action, Event, check_event_log, log_violation,  # noqa: E402
+                                    make_plan, peak_live, simulate)
 from helpers.labs import pp as pp_lab
 from helpers.parallel import pp  # noqa: E402
 from helpers.parallel.groups import split_groups  # noqa: E402
@@ -80,6 +81,9 @@ def test_event_log_check_catches_causality_violation():
               for e in simulate("gpipe", 2, 2)]  # starts before rank 0 finished sending it
     with pytest.raises(AssertionError, match="started before"):
         check_event_log(events, 2, 2)
+    assert "started before" in log_violation(events, 2, 2)
+    assert log_violation(simulate("gpipe", 2, 2), 2, 2) == ""
+    assert log_violation(simulate("gpipe", 2, 2)[1:], 2, 2) == "expected 8 events, got 7"
 
 
 def test_stage_ranges_cover_the_model():
@@ -134,6 +138,9 @@ def test_gradients_equal_single_process(ranks, ref, schedule, p):
     m = 4
     run = pp_lab.run_pipeline(schedule, p, m, ranks=ranks, mode="compute")
     pp_lab.check_gradients(run, ref)  # assert_close on every layer and the loss
+    assert pp_lab.gradient_error(run, ref) < 1e-5
+    off = dataclasses.replace(run, grads={k: g + 1e-3 for k, g in run.grads.items()})
+    assert pp_lab.gradient_error(off, ref) == pytest.approx(1e-3, rel=0.05)
     check_event_log(run.events, p, m, run.v)
     assert run.peak_live == [peak_live(make_plan(schedule, p, m, r, run.v)) for r in range(p)]
 

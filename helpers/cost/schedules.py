@@ -194,26 +194,35 @@ def simulate(schedule: str, p: int, m: int, t_f: float = 1.0, t_b: float = 2.0,
     return events
 
 
-def check_event_log(events: list[Event], p: int, m: int, v: int = 1) -> None:
+def log_violation(events: list[Event], p: int, m: int, v: int = 1) -> str:
     """What any real run must satisfy: every F and B once per rank, no two at a time on one
-    rank, and no action starting before the output it consumes was produced."""
+    rank, and no action starting before the output it consumes was produced. Returns the first
+    violation in words, or "" when the log satisfies all three."""
     by_key = {}
     for e in events:
         key = Step(e.rank, e.action)
         if key in by_key:
-            raise AssertionError(f"duplicate event {key}")
+            return f"duplicate event {key}"
         if not e.end >= e.start:
-            raise AssertionError(f"event ends before it starts: {e}")
+            return f"event ends before it starts: {e}"
         by_key[key] = e
     if len(by_key) != 2 * p * v * m:
-        raise AssertionError(f"expected {2 * p * v * m} events, got {len(by_key)}")
+        return f"expected {2 * p * v * m} events, got {len(by_key)}"
     for r in range(p):
         mine = sorted((e for e in events if e.rank == r), key=lambda e: e.start)
         for a, b in zip(mine, mine[1:]):
             if b.start < a.end:
-                raise AssertionError(f"rank {r} overlaps {a} and {b}")
+                return f"rank {r} overlaps {a} and {b}"
     for step, e in by_key.items():
         dep = dependency(step.action, step.rank, p, v)
         if dep is not None and e.start < by_key[dep].end:
-            raise AssertionError(f"{step.action} on rank {step.rank} started before "
-                                 f"{dep.action} on rank {dep.rank} ended")
+            return (f"{step.action} on rank {step.rank} started before "
+                    f"{dep.action} on rank {dep.rank} ended")
+    return ""
+
+
+def check_event_log(events: list[Event], p: int, m: int, v: int = 1) -> None:
+    """Raise AssertionError with `log_violation`'s words if the log breaks the schedule's rules."""
+    violation = log_violation(events, p, m, v)
+    if violation:
+        raise AssertionError(violation)
