@@ -125,3 +125,17 @@ def test_planner_widget_is_a_widget():
     assert d.options[-1] == 1024
     model.value = views_memory.MEASURED_MODEL
     assert d.value in (1, 2, 4, 8)
+
+
+def test_a_new_model_keeps_a_d_it_allows():
+    """d = 2 (the default) is valid for every model: switching models keeps it, and the page
+    gets the new options with the kept d in one message (sent apart, the page shows the first
+    option, d = 1, and sends it back)."""
+    widget = views_memory.widget_memory_planner([POINT])
+    model, d = widget.children[0], widget.children[1]
+    sent = []
+    d._send = lambda msg, buffers=None: sent.append(msg["state"])
+    for name in reversed(views_memory.MODELS):
+        model.value = name
+        assert d.value == 2, name
+    assert sent and all(state.get("index") == 1 for state in sent)

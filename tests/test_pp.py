@@ -273,6 +273,21 @@ def test_widget_at_its_extremes():
     assert m.options == (4, 8, 16) and m.value in m.options  # m moved to a valid value
 
 
+def test_moving_p_keeps_the_schedule_chosen():
+    """p 4→5, 5→8 (through 7→8) and 8→5 add or drop "interleaved" from the menu: the schedule
+    stays 1F1B, and the page gets the new options with the kept choice in one message (sent
+    apart, it would show the first option, GPipe, and send that back)."""
+    widget = widget_pipeline(ranks=None)
+    p, schedule, m = widget.children[0].children
+    sent = []
+    schedule._send = lambda msg, buffers=None: sent.append(msg["state"])
+    for p_value in (5, 6, 7, 8, 5):
+        p.value = p_value
+        assert schedule.value == "1f1b", p_value
+        assert f"1f1b p={p_value} " in widget.children[1].outputs[1]["text"]
+    assert sent and all("_options_labels" in state and state["index"] == 1 for state in sent)
+
+
 @pytest.mark.parametrize("p,m,schedule", EXTREMES)
 def test_widget_callback_keeps_its_axes_and_labels_do_not_overlap(p, m, schedule):
     view = PipelineView()

@@ -166,6 +166,19 @@ def test_added_configuration_runs_and_can_be_excluded():
     assert app.on_degrees() is not None
 
 
+def test_ticking_a_box_back_after_unticking_all_shows_its_curve():
+    app = SimulatorApp([Configuration("H100", H100_SXM, Settings()),
+                        Configuration("GTX 580", GTX_580, Settings(price_per_gpu=300.0))])
+    app.on_run()
+    for box in app.include.children:  # untick every one: the page shows no configuration
+        box.value = False
+    assert app.curves == {} and app.status.value.startswith("0 configurations")
+    app.include.children[1].value = True  # and tick one back
+    assert list(app.curves) == ["GTX 580"] and app.status.value.startswith("1 configuration,")
+    app.include.children[0].value = True
+    assert list(app.curves) == ["H100", "GTX 580"]
+
+
 def test_form_round_trips_a_preset():
     values = form_values("x", GTX_580, Settings(price_per_gpu=300.0))
     cfg = configuration_from_form(values)

@@ -193,9 +193,13 @@ def widget_memory_planner(measured: list[MeasuredPoint] = ()) -> w.Widget:
 
     def on_model(_):
         options = d_options(MODELS[model.value])
-        with d.hold_trait_notifications():
-            keep = d.value if d.value in options else options[-1 if d.value > options[-1] else 0]
-            d.options, d.value = options, keep
+        keep = d.value if d.value in options else options[-1 if d.value > options[-1] else 0]
+        # New options reset the slider to their first value; `keep` is set right after, and
+        # both go to the page in one message. (Held trait notifications would validate the
+        # value against the old options at the end and keep the reset.)
+        with d.hold_sync():
+            d.options = options
+            d.value = keep
         redraw()
 
     model.observe(on_model, names="value")

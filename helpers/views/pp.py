@@ -258,9 +258,11 @@ def widget_pipeline(ranks=None, t_f: float = WIDGET_T_F) -> W.Widget:
     def on_p(_=None):
         state["adjusting"] = True  # the option changes below must not redraw on their own
         try:
-            schedule.options = schedules_for(p.value)
-            if schedule.value is None:
-                schedule.value = "1f1b"
+            previous, offered = schedule.value, schedules_for(p.value)
+            if tuple(schedule.options) != offered:  # new options reset the value: restore it
+                with schedule.hold_sync():  # one message, so the page never shows the reset
+                    schedule.options = offered
+                    schedule.value = previous if previous in offered else "1f1b"
             on_schedule_options()
         finally:
             state["adjusting"] = False
@@ -269,8 +271,9 @@ def widget_pipeline(ranks=None, t_f: float = WIDGET_T_F) -> W.Widget:
     def on_schedule_options():
         ms, current = valid_ms(schedule.value, p.value), m.value
         if tuple(m.options) != ms:
-            m.options = ms
-            m.value = current if current in ms else min(ms, key=lambda x: abs(x - current))
+            with m.hold_sync():  # options and value in one message (see on_p)
+                m.options = ms
+                m.value = current if current in ms else min(ms, key=lambda x: abs(x - current))
 
     def on_schedule(_=None):
         if state["adjusting"]:

@@ -46,6 +46,7 @@ class SimulatorApp:
                  threshold: float = 0.8):
         self.configs = list(configs if configs is not None else default_configurations())
         self.curves: dict[str, Curve] = {}
+        self.ran = False  # the app shows results (perhaps of no configuration) once it has run
         self._cache: dict[tuple, Curve] = {}
         self.months = W.FloatSlider(value=months, min=0.25, max=24, step=0.25,
                                     description="run duration (months)",
@@ -100,7 +101,7 @@ class SimulatorApp:
 
     def on_include(self, cfg: Configuration, included: bool) -> None:
         cfg.included = included
-        if self.curves or not included:
+        if self.ran or not included:  # not `self.curves`: with every box unticked it is empty
             self.on_run()
 
     # -- the form
@@ -249,7 +250,7 @@ class SimulatorApp:
         note = ("" if twin is None else f" — <b>same hardware and settings as "
                 f"{html.escape(twin.name)}</b>: its curve is drawn dashed over that one")
         self.f_message.value = f"added {html.escape(cfg.name)}{note}"
-        if self.curves:  # the app is showing results: show the new curve with them
+        if self.ran:  # the app is showing results: show the new curve with them
             self.on_run()
         return cfg
 
@@ -266,6 +267,7 @@ class SimulatorApp:
     def on_run(self, _=None) -> dict[str, Curve]:
         """Compute (or take from the cache) every included configuration's curve; redraw."""
         chosen = [c for c in self.configs if c.included]
+        self.ran = True
         self.status.value = "computing…"
         self.progress.description = "computing"   # the bar's label says what it shows now
         curves = {}
@@ -280,7 +282,7 @@ class SimulatorApp:
         self.progress.value = 1.0
         self.progress.description = "done"
         self.curves = curves
-        self.status.value = (f"{len(curves)} configurations, "
+        self.status.value = (f"{len(curves)} configuration{'' if len(curves) == 1 else 's'}, "
                              f"{sum(len(c.points) for c in curves.values())} grid points")
         self.refresh()
         return curves

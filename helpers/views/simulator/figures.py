@@ -63,7 +63,8 @@ def plot_mfu(curves: dict[str, Curve], relative: bool = False) -> Figure:
     fixed_layout(ax, xlabel_y=-0.08, ylabel_x=-0.08)
     ax.set_ylim(0, 1.05 if relative else 1)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8, loc="upper right")
+    if seen:  # with every configuration unticked there is nothing to name
+        ax.legend(fontsize=8, loc="upper right")
     ax.set_title("dashed: τ × ceiling · ★ largest compute at or above it · ○ linear scaling "
                  "ends · dotted: first infeasible point", fontsize=9, y=1.0)
     return fig
