@@ -113,3 +113,9 @@ def placement_table(caps: tuple[int, ...], degrees: tuple[int, ...]) -> Placemen
     return PlacementTable(inner, prod, degrees, _with_outer(caps, sig, 0, degrees[:1]),
                           _with_outer(caps, sig, 1, degrees[1:3]),
                           _with_outer(caps, sig, 2, degrees[3:5]), dp_i, tp_i, pe_i, columns)
+
+
+def clear_caches() -> None:
+    """Forget the tables (for honest cold-start benchmarks: `search.clear_caches`)."""
+    for fn in (factorization_table, _inner_table, _with_outer, placement_table):
+        fn.cache_clear()

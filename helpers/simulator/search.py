@@ -43,7 +43,8 @@ from helpers.hardware import GPU
 
 from .comm import ep_frequencies, outer, pp_frequencies, top_level
 from .matmul import matmul_constants, matmul_seconds, tile
-from .placement import _inner_table, _with_outer, factorization_table, placement_table
+from . import placement
+from .placement import placement_table
 from .plan import Plan
 from .reference import combine, level_capacities, schedule_options, step_seconds
 from .reference import divisors as _slow_divisors
@@ -276,8 +277,9 @@ def clear_caches() -> None:
                _pair_splits, _type_terms, _pair_terms, _dp_unit_inner, _tp_unit_inner,
                _inner_pairs, _ppep_weights, _ppep_unit, _tp_unit_any, _ppep_unit_any, _tp_units,
                _ppep_units, _tp_shapes, _schedules, _schedule_kinds, _tp_rows, _ppep_terms,
-               _ep_terms, placement_table, factorization_table, _inner_table, _with_outer):
+               _ep_terms):
         fn.cache_clear()
+    placement.clear_caches()
     _GPUS.clear()
     _GPU_IDS.clear()
 
