@@ -5,16 +5,24 @@
 
 Settings come from the model's defaults, then the config file's "settings" section, then
 the flags given here. Everything is checked before anything is computed: a record, a setting
-or an output path that cannot work stops with one line naming the field (exit status 2),
-never a traceback, never a partial file (the curve is written to a temporary file next to
-the target, then renamed). A curve with no feasible point is a result: "no cluster finishes
-in time", exit status 0, a valid JSON file.
+or an output path that cannot work stops with one line naming the field (exit status 2, at
+most MAX_MESSAGE characters: long input quoted in it is cut), never a traceback, never a
+partial file (the curve is written to a temporary file next to the target, then renamed).
+A curve with no feasible point is a result: "no cluster finishes in time", exit status 0, a
+valid JSON file.
+
+The rename puts a new file in place of whatever the `--json` name holds, so a name that holds
+anything but a regular file (a device such as /dev/null, a pipe, a symbolic link) is refused,
+before computing and again just before the rename. A `--config` that is not a regular file
+or is larger than config.MAX_CONFIG_BYTES is refused before it is read. Text the terminal
+cannot encode (a GPU's name under PYTHONIOENCODING=ascii) is printed as escapes.
 """
 from __future__ import annotations
 
 import argparse
 import contextlib
 import os
+import stat
 import sys
 import tempfile
 from dataclasses import replace
@@ -22,13 +30,14 @@ from pathlib import Path
 
 from helpers.hardware import PRESETS
 
-from .config import load_config, preset, validate
+from .config import load_config, preset, shorten, validate
 from .curve import run_curve
 from .report import dumps, price_of
 from .settings import BATCH_LAWS, Settings
 
 
 PROG = "python -m helpers.simulator"
+MAX_MESSAGE = 200  # characters of an error line after "error: "
 
 
 class UsageError(ValueError):
@@ -69,11 +78,11 @@ def build(args: argparse.Namespace):
         try:
             gpu, settings = load_config(args.config)
         except OSError as e:
-            raise ValueError(f"config: cannot read {args.config}: {e.strerror}") from None
+            raise ValueError(f"config: cannot read {shorten(args.config)}: {e.strerror}") from None
         except UnicodeDecodeError:
-            raise ValueError(f"config: {args.config} is not UTF-8 text") from None
+            raise ValueError(f"config: {shorten(args.config)} is not UTF-8 text") from None
         except RecursionError:
-            raise ValueError(f"config: {args.config} nests too deeply") from None
+            raise ValueError(f"config: {shorten(args.config)} nests too deeply") from None
     settings = settings or Settings()
     overrides = {"sparse": args.sparse, "batch_law": args.batch_law, "months": args.months,
                  "threshold": args.threshold, "price_per_gpu": args.price_per_gpu}
@@ -82,20 +91,41 @@ def build(args: argparse.Namespace):
     return gpu, settings
 
 
+def check_target(out: Path) -> bool:
+    """Whether `out` exists; a ValueError unless it is absent or a regular file. The rename
+    that writes the curve replaces whatever the name holds: a device node (as root,
+    /dev/null itself), a pipe, or a symbolic link, which would be replaced, not followed."""
+    shown = shorten(str(out))
+    try:
+        mode = os.lstat(out).st_mode  # lstat: the name itself, not what a link points to
+    except FileNotFoundError:
+        return False
+    except OSError as e:
+        raise ValueError(f"--json: cannot use {shown}: {e.strerror}") from None
+    if stat.S_ISLNK(mode):
+        raise ValueError(f"--json: {shown} is a symbolic link; name the file it points to")
+    if stat.S_ISDIR(mode):
+        raise ValueError(f"--json: {shown} is a folder, not a file")
+    if not stat.S_ISREG(mode):
+        raise ValueError(f"--json: {shown} is not a regular file (a device, a pipe or a "
+                         "socket); writing would replace it")
+    return True
+
+
 def check_output(path: str, config: str | None) -> Path:
     """The `--json` target, checked before anything is computed: its folder exists and is
-    writable, it is not a folder, and it is not the config file it would overwrite."""
+    writable, it is absent or a regular file, and not the config file it would overwrite."""
     out = Path(path)
-    if out.is_dir():
-        raise ValueError(f"--json: {path} is a folder, not a file")
+    exists = check_target(out)
     folder = out.parent
     if not folder.is_dir():
-        raise ValueError(f"--json: folder {str(folder)!r} does not exist")
+        raise ValueError(f"--json: folder '{shorten(str(folder))}' does not exist")
     # (The config was read already, so it exists; samefile sees through links and "./".)
-    if config is not None and out.exists() and os.path.samefile(config, out):
-        raise ValueError(f"--json: {path} is the --config file; writing would overwrite the input")
-    if out.exists() and not os.access(out, os.W_OK):
-        raise ValueError(f"--json: {path} is not writable")
+    if config is not None and exists and os.path.samefile(config, out):
+        raise ValueError(f"--json: {shorten(path)} is the --config file; writing would "
+                         "overwrite the input")
+    if exists and not os.access(out, os.W_OK):
+        raise ValueError(f"--json: {shorten(path)} is not writable")
     return out
 
 
@@ -105,7 +135,7 @@ def reserve(out: Path) -> str:
     try:
         fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp")
     except OSError as e:
-        raise ValueError(f"--json: cannot create files in folder {str(out.parent)!r}: "
+        raise ValueError(f"--json: cannot create files in folder '{shorten(str(out.parent))}': "
                          f"{e.strerror}") from None
     os.close(fd)
     return tmp
@@ -114,9 +144,10 @@ def reserve(out: Path) -> str:
 def write_atomically(out: Path, tmp: str, text: str) -> None:
     """Fill the reserved temporary file, then rename it over `out`: a reader (or a crash)
     never sees half a file."""
-    with open(tmp, "w") as f:
+    with open(tmp, "w", encoding="utf-8") as f:
         f.write(text)
-    mode = out.stat().st_mode & 0o777 if out.exists() else 0o666 & ~_umask()
+    # The computation took minutes: check again what the name holds now.
+    mode = out.stat().st_mode & 0o777 if check_target(out) else 0o666 & ~_umask()
     os.chmod(tmp, mode)  # mkstemp's 0600 would make the result private
     os.replace(tmp, out)
 
@@ -127,7 +158,15 @@ def _umask() -> int:
     return mask
 
 
+def _say(text: str, stream) -> None:
+    """Print `text` in what `stream` can encode: characters its encoding lacks (a GPU's
+    name in an ASCII terminal) become escapes instead of a UnicodeEncodeError."""
+    encoding = getattr(stream, "encoding", None) or "utf-8"
+    print(text.encode(encoding, "backslashreplace").decode(encoding), file=stream)
+
+
 def summary(name: str, curve) -> str:
+    name = shorten(name)
     if not curve.feasible:
         return f"{name}: no cluster finishes in time (0 feasible grid points)"
 
@@ -150,33 +189,41 @@ def summary(name: str, curve) -> str:
     ])
 
 
-def _fail(message: str, status: int = 2) -> int:
-    print(f"{PROG}: error: {' '.join(str(message).split())}", file=sys.stderr)
+def _fail(message, status: int = 2) -> int:
+    _say(f"{PROG}: error: {shorten(' '.join(str(message).split()), MAX_MESSAGE)}", sys.stderr)
     return status
 
 
 def main(argv=None) -> int:
+    tmp = None
     try:
-        args = parse_args(argv)
-        gpu, settings = build(args)
-        out = check_output(args.json, args.config)
-        tmp = reserve(out)
-    except (ValueError, OSError) as e:  # UsageError is a ValueError
-        return _fail(e)
-    try:
+        try:
+            args = parse_args(argv)
+            gpu, settings = build(args)
+            out = check_output(args.json, args.config)
+            tmp = reserve(out)
+        except (ValueError, OSError) as e:  # UsageError is a ValueError
+            return _fail(e)
         curve = run_curve(gpu, settings)
-        write_atomically(out, tmp, dumps({gpu.name: curve}) + "\n")
-    except OSError as e:  # the disk filled up, the folder vanished
-        return _fail(f"--json: cannot write {args.json}: {e.strerror or e}")
+        text = dumps({gpu.name: curve}) + "\n"
+        try:
+            write_atomically(out, tmp, text)
+        except ValueError as e:  # the target became a link or a device meanwhile
+            return _fail(e)
+        except OSError as e:  # the disk filled up, the folder vanished
+            return _fail(f"--json: cannot write {shorten(args.json)}: {e.strerror or e}")
+        if not args.quiet:
+            _say(summary(gpu.name, curve), sys.stdout)
+        return 0
+    except KeyboardInterrupt:
+        return _fail("interrupted", 130)
     except Exception as e:  # noqa: BLE001 - a bug: still one line, with a status of its
         # own so that tests tell it from bad input
         return _fail(f"internal error ({type(e).__name__}: {e}); please report this input", 1)
     finally:  # whatever happened (Ctrl-C too), no temporary file is left behind
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-    if not args.quiet:
-        print(summary(gpu.name, curve))
-    return 0
+        if tmp is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
 
 
 if __name__ == "__main__":

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import stat
 from dataclasses import fields
 from pathlib import Path
 
@@ -26,6 +28,9 @@ _NUMBER_FIELDS = ("register_bytes_per_processing_block", "l2_Bps", "l2_bytes", "
 MAX_LEVELS = 8  # levels in all, the unbounded outermost included
 MAX_LEVEL_SIZE = 2**30
 MAX_PLACEMENTS = 5000  # placements of the five degrees per layout: 8×32 levels give 4410
+# A hardware record is about 1 KiB; a larger file is a mistake (or /dev/zero) and is refused
+# unread rather than filling memory.
+MAX_CONFIG_BYTES = 1 << 20
 
 
 def _is_number(x) -> bool:
@@ -38,11 +43,16 @@ def _is_number(x) -> bool:
         return False
 
 
+def shorten(text: str, limit: int = 80) -> str:
+    """Input quoted in a message: non-printing characters (a terminal's escape codes, lone
+    surrogates, line breaks) as escapes, cut to at most `limit` characters."""
+    text = "".join(c if c.isprintable() else ascii(c)[1:-1] for c in text)
+    return text if len(text) <= limit else text[:limit - 1] + "…"
+
+
 def _check(cond: bool, field: str, allowed: str, value) -> None:
     if not cond:
-        shown = repr(value)
-        shown = shown if len(shown) <= 80 else shown[:60] + "…"
-        raise ValueError(f"{field} must be {allowed} (got {shown})")
+        raise ValueError(f"{field} must be {allowed} (got {shorten(repr(value))})")
 
 
 def _factorizations5(n: int) -> int:
@@ -71,10 +81,15 @@ def _check_search_size(levels) -> None:
 
 def _check_derived(gpu: GPU) -> None:
     """Products of valid fields can still underflow to 0 or overflow to infinity."""
-    for name, value in (("peak FLOP/s", gpu.peak_flops), ("clock_Hz", gpu.clock_Hz),
-                        ("shared-memory bandwidth", gpu.shared_Bps)):
-        _check(0 < value < math.inf, "flop_per_clock_per_thread, num_sms, max_clock_Hz and "
-               "effective_utilization", f"such that the {name} is a finite number > 0", value)
+    for name, attr in (("peak FLOP/s", "peak_flops"), ("clock_Hz", "clock_Hz"),
+                       ("shared-memory bandwidth", "shared_Bps"),
+                       ("bytes per word", "bytes_per_word")):
+        try:
+            value = getattr(gpu, attr)
+        except OverflowError:  # an integer field too large for a float (num_sms = 10**400)
+            value = math.inf
+        _check(0 < value < math.inf, "flop_per_clock_per_thread, num_sms, bitwidth, max_clock_Hz "
+               "and effective_utilization", f"such that the {name} is a finite number > 0", value)
 
 
 def validate_gpu(gpu: GPU) -> GPU:
@@ -125,7 +140,9 @@ def validate_gpu(gpu: GPU) -> GPU:
 
 def preset(name: str) -> GPU:
     if name not in PRESETS:
-        raise ValueError(f"preset must be one of {', '.join(PRESETS)} (got {name!r})")
+        # The name first: a long list would push it past the end of a cut error line.
+        raise ValueError(f"preset must be one of these (got {shorten(repr(name))}): "
+                         f"{', '.join(PRESETS)}")
     return PRESETS[name]
 
 
@@ -180,10 +197,44 @@ def gpu_from_json(data: dict) -> GPU:
     return validate_gpu(GPU(**kwargs))
 
 
+def _parse_int(digits: str):
+    """Python refuses to turn more than 4300 digits into an int (the conversion is quadratic).
+    Such a number is out of every field's range anyway: read it as the float it rounds to
+    (±infinity), so the check of the field it stands in names it."""
+    try:
+        return int(digits)
+    except ValueError:
+        return float(digits)
+
+
+def read_config_text(path: str | Path) -> str:
+    """The text of a `--config` file. Anything but a regular file of at most MAX_CONFIG_BYTES
+    is refused before it is read: a FIFO would hang, /dev/zero would never end."""
+    def refuse_unless_regular(mode: int, size: int) -> None:
+        if stat.S_ISDIR(mode):
+            raise ValueError(f"config: {shorten(str(path))} is a folder, not a file")
+        if not stat.S_ISREG(mode):
+            raise ValueError(f"config: {shorten(str(path))} is not a regular file "
+                             "(a pipe or a device may never answer or never end)")
+        if size > MAX_CONFIG_BYTES:
+            raise ValueError(f"config: {shorten(str(path))} is larger than {MAX_CONFIG_BYTES} "
+                             "bytes; a hardware record is about 1 KiB")
+
+    st = os.stat(path)  # before opening: opening a device can itself have effects
+    refuse_unless_regular(st.st_mode, st.st_size)
+    # O_NONBLOCK: should a FIFO take the file's place after the stat, opening it cannot hang.
+    with open(os.open(path, os.O_RDONLY | os.O_NONBLOCK), "rb") as f:
+        st = os.fstat(f.fileno())  # what was opened, not what was named
+        refuse_unless_regular(st.st_mode, st.st_size)
+        data = f.read(MAX_CONFIG_BYTES + 1)  # a file still growing stops here
+    refuse_unless_regular(stat.S_IFREG, len(data))
+    return data.decode("utf-8")
+
+
 def load_config(path: str | Path) -> tuple[GPU, Settings | None]:
     """Read a `--config` file: the hardware record and, if present, its `settings` section."""
     try:
-        data = json.loads(Path(path).read_text())
+        data = json.loads(read_config_text(path), parse_int=_parse_int)
     except json.JSONDecodeError as e:
         raise ValueError(f"config file is not valid JSON: {e}") from None
     gpu = gpu_from_json(data)
