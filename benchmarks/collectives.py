@@ -43,7 +43,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="the sizes are visited in this many interleaved rounds (default 5)")
     parser.add_argument("--backend", default="auto", choices=("auto", "gloo", "nccl"))
     parser.add_argument("--save", action="store_true",
-                        help="also write the fit to results/collective_fit.json for later notebooks")
+                        help="also write the fit to results/collective_fit.json for later "
+                             "notebooks (or where $PLAB_RESULTS_DIR says)")
     return parser.parse_args(argv)
 
 
@@ -74,8 +75,7 @@ def report(records: list[dict], world_size: int, cores_per_rank, backend: str, s
     print(f"median |predicted - measured| / measured = {median:.1%}")
     if save:
         from helpers.cost.alpha_beta import save_fit
-        save_fit(fits, backend, world_size, cores_per_rank)
-        print("fit saved to results/collective_fit.json")
+        print("fit saved to", save_fit(fits, backend, world_size, cores_per_rank))
     return {"world_size": world_size, "backend": backend, "cores_per_rank": cores_per_rank,
             "results": [{k: row[k] for k in RESULT_KEYS} for row in rows],
             "fit": {op: f.as_dict() for op, f in fits.items()},

@@ -15,8 +15,11 @@ as defined per operation in `OPS`. Nothing here imports torch: the model is pure
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import tempfile
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable
@@ -148,29 +151,111 @@ def relative_error(predicted: float, measured: float) -> float:
 
 # ----------------------------------------------------------------------------------------
 # Keeping a fit for later notebooks (tensor parallelism, the simulator).
+#
+# The file holds one record per network level (format 2):
+#     {"format": 2, "levels": {"loopback": {"backend": ..., "world_size": ..., "fit": {...}}}}
+# Notebook 02 measures ranks on one machine ("loopback"); emulated nodes joined by a slower
+# link write their own level ("link"). A file of format 1 is one record with "fit" at the top:
+# it reads as the "loopback" level.
 # ----------------------------------------------------------------------------------------
 
+RESULTS_ENV = "PLAB_RESULTS_DIR"
+FIT_FILE = "collective_fit.json"
+DEFAULT_LEVEL = "loopback"
+
+
+def results_dir() -> Path:
+    """Where measured results are kept: $PLAB_RESULTS_DIR when set; else results/ at the root
+    of the checkout this package sits in (the folder holding pyproject.toml above helpers/);
+    else, for a package installed outside a checkout, the user's data folder."""
+    if os.environ.get(RESULTS_ENV):
+        return Path(os.environ[RESULTS_ENV]).expanduser()
+    root = Path(__file__).resolve().parents[2]  # helpers/cost/alpha_beta.py -> the root
+    if (root / "pyproject.toml").is_file():
+        return root / "results"
+    data = os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share"
+    return Path(data) / "parallelism-lab" / "results"
+
+
 def default_fit_path() -> Path:
-    """results/collective_fit.json at the repository root (results/ is not committed)."""
-    return Path(__file__).resolve().parents[1] / "results" / "collective_fit.json"
+    """results/collective_fit.json at the repository root (results/ is not committed);
+    see `results_dir` for where it goes otherwise."""
+    return results_dir() / FIT_FILE
+
+
+def _fit_entries_ok(fit) -> bool:
+    return isinstance(fit, dict) and all(
+        isinstance(v, dict) and all(
+            isinstance(v.get(k), (int, float)) and not isinstance(v.get(k), bool)
+            for k in ("alpha_s", "beta_s_per_byte"))
+        for v in fit.values())
+
+
+def _read_levels(path: Path) -> dict[str, dict] | None:
+    """The file's records by level; {} when there is no file; None (after one warning
+    naming the file) when it is corrupt, half-written or not a fit file."""
+    if not path.is_file():
+        return {}
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        if not isinstance(data, dict):
+            raise ValueError("not a JSON object")
+        levels = {DEFAULT_LEVEL: data} if "fit" in data else data.get("levels")  # format 1, 2
+        if not isinstance(levels, dict) or not all(
+                isinstance(r, dict) and _fit_entries_ok(r.get("fit")) for r in levels.values()):
+            raise ValueError("no fit records in it")
+    # JSON and UTF-8 errors are ValueErrors; deep nesting a RecursionError
+    except (OSError, ValueError, RecursionError) as e:
+        what = "cannot be read" if isinstance(e, OSError) else "is corrupt or half-written"
+        warnings.warn(f"fit file {path} {what} ({type(e).__name__}: {e}); ignoring it (run "
+                      "notebook 02 again to write a new one)", stacklevel=3)
+        return None
+    return levels
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    """A temporary file in the same folder, flushed to disk, then renamed over `path`: a
+    reader sees the old file or the new one, never half of one, and an interrupted write
+    leaves the old file as it was."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
 
 
 def save_fit(fits: dict[str, Fit], backend: str, world_size: int, cores_per_rank: int | None,
-             path: str | os.PathLike | None = None, **extra) -> Path:
+             path: str | os.PathLike | None = None, level: str = DEFAULT_LEVEL,
+             **extra) -> Path:
+    """Write `fits` as the record of network `level`, keeping the other levels' records (a
+    corrupt file is replaced). Two processes saving different levels at the same moment
+    leave a whole file, but only the level of the one that renames last."""
+    if not isinstance(level, str) or not level:
+        raise ValueError(f"level must be a non-empty name such as {DEFAULT_LEVEL!r} or 'link' "
+                         f"(got {level!r})")
     path = Path(path) if path is not None else default_fit_path()
     path.parent.mkdir(parents=True, exist_ok=True)
-    record = {"backend": backend, "world_size": world_size, "cores_per_rank": cores_per_rank,
-              "fit": {op: f.as_dict() for op, f in fits.items()}, **extra}
-    path.write_text(json.dumps(record, indent=1) + "\n")
+    levels = _read_levels(path) or {}
+    levels[level] = {"backend": backend, "world_size": world_size,
+                     "cores_per_rank": cores_per_rank,
+                     "fit": {op: f.as_dict() for op, f in fits.items()}, **extra}
+    _write_atomically(path, json.dumps({"format": 2, "levels": levels}, indent=1) + "\n")
     return path
 
 
-def load_fit(path: str | os.PathLike | None = None) -> dict | None:
-    """The saved fit as a dict, or None when none was saved (run notebook 02 first)."""
+def load_fit(path: str | os.PathLike | None = None, level: str = DEFAULT_LEVEL) -> dict | None:
+    """The saved record of network `level` as a dict ("backend", "world_size",
+    "cores_per_rank", "fit", ...), or None when none was saved (run notebook 02 first) or
+    the file is corrupt (a warning names it)."""
     path = Path(path) if path is not None else default_fit_path()
-    if not path.is_file():
-        return None
-    return json.loads(path.read_text())
+    levels = _read_levels(path)
+    return None if levels is None else levels.get(level)
 
 
 def fits_from_record(record: dict) -> dict[str, Fit]:

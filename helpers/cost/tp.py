@@ -77,9 +77,11 @@ def h100_links() -> tuple[Link, Link]:
             Link("InfiniBand NDR", ib.bandwidth_Bps, ib.latency_s))
 
 
-def load_fit(path: Path | str | None = None) -> SavedFit | None:
-    """Notebook 02's all-reduce α–β fit of this machine, or None if it has not been run here."""
-    record = alpha_beta.load_fit(path)
+def load_fit(path: Path | str | None = None,
+             level: str = alpha_beta.DEFAULT_LEVEL) -> SavedFit | None:
+    """Notebook 02's all-reduce α–β fit of this machine at network `level`, or None if it has
+    not been run here (or its file is corrupt: alpha_beta.load_fit warns)."""
+    record = alpha_beta.load_fit(path, level)
     if not record or "all_reduce" not in record.get("fit", {}):
         return None
     return SavedFit(record.get("backend"), record.get("world_size"), record.get("cores_per_rank"),
