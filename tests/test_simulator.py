@@ -18,6 +18,7 @@ from helpers.hardware import (GTX_580, H100_GLOBAL_NVLINK, H100_SUPERPOD, H100_S
 from helpers.simulator import reference, search
 from helpers.simulator.config import gpu_from_json, gpu_to_json, load_config, preset, validate
 from helpers.simulator.curve import run_curve
+from helpers.simulator.machine import Machine
 from helpers.simulator.matmul import tile
 from helpers.simulator.report import to_json
 from helpers.simulator.scaling import grid, snap, width_grid
@@ -215,7 +216,7 @@ def test_step_floor_is_below_every_plan_and_not_trivial(gpu, settings):
     ratios = []
     for point in curve.feasible:
         plan = point.plan
-        floor = search.step_floor(gpu, point.model, plan.n_gpus)
+        floor = search.step_floor(Machine.of(gpu), point.model, plan.n_gpus)
         assert floor <= plan.time.step, f"{point.model.C:.3g}"
         ratios.append(floor / plan.time.step)
     assert max(ratios) > 0.5  # compute-bound points: the FLOP is most of the step
@@ -225,11 +226,10 @@ def test_latency_wall_is_below_every_plan_that_could_use_it_and_ends_the_dense_c
     """size_cluster stops at the first failed size from which on this bound holds for every
     larger one: it must be below each plan found on such sizes, and it must be what ends the
     dense curve (the wall above the largest step of its infeasible last point)."""
-    caps = tuple(lv.size for lv in H100_SXM.network_levels[:-1])
     walls = []
     for point in dense.points:
         m = point.model
-        wall = search._latency_wall(H100_SXM, m, Settings(), caps)
+        wall = search.latency_wall(Machine.of(H100_SXM), m, Settings())
         if point.plan is not None:
             assert wall <= point.plan.time.step, f"{m.C:.3g}"
         walls.append(wall * m.D / m.B / Settings().duration_s)  # in run times over T
@@ -237,12 +237,19 @@ def test_latency_wall_is_below_every_plan_that_could_use_it_and_ends_the_dense_c
 
 
 def test_matmul_caches_are_shared_by_gpus_that_differ_only_in_their_network():
-    search.clear_caches()
+    """The matmul caches key on `Machine.chip`: equal (and equally hashed) for a GPU that
+    differs only in its network, different for one whose matmuls differ."""
     faster = replace(H100_SXM, network_levels=tuple(
         replace(lv, bandwidth_Bps=2 * lv.bandwidth_Bps) for lv in H100_SXM.network_levels))
     slower_matmul = replace(H100_SXM, latency_per_matmul_s=2 * H100_SXM.latency_per_matmul_s)
-    assert search._gpu_key(faster) == search._gpu_key(H100_SXM)
-    assert search._gpu_key(slower_matmul) != search._gpu_key(H100_SXM)
+    h100, fast, slow = (Machine.of(g) for g in (H100_SXM, faster, slower_matmul))
+    assert fast.chip == h100.chip and hash(fast.chip) == hash(h100.chip)
+    assert fast.levels != h100.levels
+    assert slow.chip != h100.chip
+    search.clear_caches()
+    for machine in (h100, fast, slow):
+        search._six_matmuls(machine.chip, 4096, 1024, 64)
+    assert search._six_matmuls.cache_info()[:2] == (1, 2)  # (hits, misses)
 
 
 # --- validation: one clear error naming the field, before anything is computed ----------

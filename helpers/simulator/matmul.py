@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 from functools import lru_cache
+from typing import NamedTuple
 
 from helpers.hardware import GPU
 
@@ -56,17 +57,32 @@ def matmul_flop(d1: int, d2: int, b: int) -> int:
     return 2 * math.ceil(d1 / 8) * math.ceil(d2 / 8) * math.ceil(b / 8) * 8**3
 
 
-def matmul_constants(gpu: GPU) -> tuple:
-    """What `matmul_time` reads from the GPU, computed once (the search caches it)."""
-    R = 0.75 * gpu.register_bytes_per_processing_block
-    return (gpu.bytes_per_word, R, max(0.75 * gpu.l2_bytes, 4 * R), gpu.num_sms,
-            gpu.distributed_shared_memory, gpu.hbm_Bps, gpu.l2_Bps, gpu.shared_Bps,
-            gpu.sustained_flops, gpu.latency_per_matmul_s)
+class Chip(NamedTuple):
+    """What `matmul_time` reads of a GPU, computed once: hashable, so the fast search's
+    matmul caches key on it (a GPU that differs only in its network has the same chip)."""
+
+    bytes_per_word: float
+    registers: float          # bytes below the SM-register boundary: 0.75 of a block's
+    l2_cap: float             # bytes below the HBM-L2 boundary: 0.75 of L2, ≥ 4·registers
+    num_sms: int
+    distributed_shared_memory: bool
+    hbm_Bps: float
+    l2_Bps: float
+    shared_Bps: float
+    sustained_flops: float
+    latency_per_matmul_s: float
+
+    @classmethod
+    def of(cls, gpu: GPU) -> Chip:
+        R = 0.75 * gpu.register_bytes_per_processing_block
+        return cls(gpu.bytes_per_word, R, max(0.75 * gpu.l2_bytes, 4 * R), gpu.num_sms,
+                   gpu.distributed_shared_memory, gpu.hbm_Bps, gpu.l2_Bps, gpu.shared_Bps,
+                   gpu.sustained_flops, gpu.latency_per_matmul_s)
 
 
-def matmul_seconds(k: tuple, d1: int, d2: int, b: int, weight_grad: bool = False) -> float:
-    """`matmul_time` from `matmul_constants`: the same operations in the same order."""
-    by, R, l2_cap, sms, dsmem, hbm_Bps, l2_Bps, shared_Bps, flops, latency = k
+def matmul_seconds(chip: Chip, d1: int, d2: int, b: int, weight_grad: bool = False) -> float:
+    """`matmul_time` from a `Chip`: the same operations in the same order."""
+    by, R, l2_cap, sms, dsmem, hbm_Bps, l2_Bps, shared_Bps, flops, latency = chip
     hbm_l2, _ = boundary_io(d1, d2, b, weight_grad, l2_cap, 1, False, by)
     l2_sm, l2_sm_ds = boundary_io(d1, d2, b, weight_grad, 4 * R, sms, dsmem, by)
     sm_reg, _ = boundary_io(d1, d2, b, weight_grad, R, 4 * sms, False, by)

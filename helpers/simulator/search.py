@@ -10,7 +10,7 @@ of the others). What makes it fast:
   scalar `reference.step_seconds`;
 * a floor per cluster size, its FLOP and matmul latencies alone (`step_floor`): sizes that
   cannot finish in time are skipped before any layout is enumerated; and past the latency
-  wall, one bound that holds for every larger size (`_latency_wall`) ends the search;
+  wall, one bound that holds for every larger size (`latency_wall`) ends the search;
 * bounds, each provably below the exact step: per (TP, DP, PP) triple against the run's
   deadline; per row, the six matmuls at their FLOP or their least HBM traffic (shaved by
   1e-9) with each communication part at its own best split over the levels; then with
@@ -25,6 +25,12 @@ of the others). What makes it fast:
   and placement tables are cached too; the exact communication of each split is memoised
   within one `best_plan` call (the model or N changes from one call to the next).
 
+The GPU is read once per model into a `machine.Machine` (a `Cluster` per size N): the
+caches key on the part of it their result depends on, the matmul times on its `Chip`, the
+communication bounds on its network `levels`. `best_plan` is its steps in order: the rows
+that bounds 0 and 1 leave (`_bounded_rows`), taken best first (`_best_first`, with
+`_Queue` and the per-group work of `_Groups`), the winner made a `Plan`.
+
 Ties are settled as in the reference (`reference.tie_key`, the public reference code's
 rule): among equal (run time, bandwidth time) keys the earliest row in the model's
 enumeration order wins, and within it the earliest placement, so the order of evaluation
@@ -36,45 +42,34 @@ from __future__ import annotations
 import heapq
 import math
 from functools import lru_cache
+from typing import NamedTuple
 
 import numpy as np
 
 from helpers.hardware import GPU
 
-from .comm import ep_frequencies, outer, pp_frequencies, top_level
-from .matmul import matmul_constants, matmul_seconds, tile
 from . import placement
+from .comm import ep_frequencies, outer, pp_frequencies, top_level
+from .machine import SHAVE_9, Cluster, Machine
+from .matmul import Chip, matmul_seconds, tile
 from .placement import placement_table
 from .plan import Plan
-from .reference import combine, level_capacities, schedule_options, step_seconds
+from .reference import combine, schedule_options, step_seconds
 from .reference import divisors as _slow_divisors
 from .scaling import Model
 from .settings import Settings
 
-_GPUS: dict[int, tuple] = {}  # `matmul.matmul_constants`, by a small id
-_GPU_IDS: dict[tuple, int] = {}
 
-
-def _gpu_key(gpu: GPU) -> int:
-    """A small id for what the matmul times read of a GPU (`matmul.matmul_constants`): a
-    GPU that differs only in its network (notebook 06's bandwidth slider) shares its
-    matmul caches."""
-    consts = matmul_constants(gpu)
-    gk = _GPU_IDS.setdefault(consts, len(_GPU_IDS))
-    _GPUS.setdefault(gk, consts)
-    return gk
+@lru_cache(maxsize=None)
+def _matmul(chip: Chip, d1: int, d2: int, b: int, weight_grad: bool) -> float:
+    return matmul_seconds(chip, d1, d2, b, weight_grad)
 
 
 @lru_cache(maxsize=None)
-def _matmul(gk: int, d1: int, d2: int, b: int, weight_grad: bool) -> float:
-    return matmul_seconds(_GPUS[gk], d1, d2, b, weight_grad)
-
-
-@lru_cache(maxsize=None)
-def _six_matmuls(gk: int, fp: int, dp_: int, b: int) -> float:
+def _six_matmuls(chip: Chip, fp: int, dp_: int, b: int) -> float:
     """The six matmuls of one layer and microbatch, summed in the reference's order."""
-    a, c = _matmul(gk, fp, dp_, b, False), _matmul(gk, dp_, fp, b, False)
-    return a + c + _matmul(gk, fp, dp_, b, True) + c + a + _matmul(gk, dp_, fp, b, True)
+    a, c = _matmul(chip, fp, dp_, b, False), _matmul(chip, dp_, fp, b, False)
+    return a + c + _matmul(chip, fp, dp_, b, True) + c + a + _matmul(chip, dp_, fp, b, True)
 
 
 divisors = lru_cache(maxsize=None)(lambda n: tuple(_slow_divisors(n)))
@@ -86,18 +81,6 @@ def _divisor_array(n: int) -> np.ndarray:
     out = np.array(divisors(n) if n else (), dtype=np.int64)
     out.flags.writeable = False
     return out
-
-
-class _Level(tuple):
-    """A network level as a plain tuple: hashing it is what every cache lookup pays for."""
-
-    __slots__ = ()
-    bandwidth_Bps = property(lambda self: self[0])
-    latency_s = property(lambda self: self[1])
-
-
-def _plain_levels(levels) -> tuple[_Level, ...]:
-    return tuple(_Level((lv.bandwidth_Bps, lv.latency_s)) for lv in levels)
 
 
 @lru_cache(maxsize=None)
@@ -123,11 +106,12 @@ def _pair_splits(caps, a: int, b: int):
                  if all(cap % (i * j) == 0 for cap, i, j in zip(caps, x, y)))
 
 
-def _allreduce_levels(words, split, rs, rp, levels, N, by) -> tuple[list[float], list[float]]:
+def _allreduce_levels(words, split, rs, rp, cluster: Cluster) -> tuple[list[float], list[float]]:
     """(bandwidth, latency) per level of one TP kind, as in `comm.tp_comm`'s loop: the
     operations of `comm.allreduce`, in its order, written out (this runs for every split)."""
+    N, by = cluster.N, cluster.machine.bytes_per_word
     bws, lats = [], []
-    for k, (bw, lat) in enumerate(levels):
+    for k, (bw, lat, _) in enumerate(cluster.machine.levels):
         p = split[k]
         bws.append(2 * (p - 1) * words * rs * (rp * math.prod(split[k + 1:])) * by
                    / (N * bw / 2))
@@ -135,10 +119,11 @@ def _allreduce_levels(words, split, rs, rp, levels, N, by) -> tuple[list[float],
     return bws, lats
 
 
-def _dp_exact(P, split, levels, N, by) -> tuple[float, float]:
+def _dp_exact(P, split, cluster: Cluster) -> tuple[float, float]:
     """`comm.dp_comm`, its operations in its order, written out (this runs for every split)."""
+    N, by = cluster.N, cluster.machine.bytes_per_word
     bw_max, lat_sum = 0.0, 0.0
-    for k, (bw, lat) in enumerate(levels):
+    for k, (bw, lat, _) in enumerate(cluster.machine.levels):
         p = split[k]
         # allreduce(P, p, rs=1, rp=outer): the factors of 1 dropped (exact on ints and floats)
         bw_max = max(bw_max, 2 * (p - 1) * P * math.prod(split[k + 1:]) * by / (N * bw / 2))
@@ -185,6 +170,11 @@ def _pair_terms(caps, a: int, b: int):
     return wa[i], wb[j], ca[i] + cb[j], at
 
 
+def _speeds(levels) -> tuple[np.ndarray, np.ndarray]:
+    """Each level's bandwidth and latency, as two arrays."""
+    return np.array([(lv.bandwidth_Bps, lv.latency_s) for lv in levels]).T
+
+
 def _least_per_inner(caps, at, bw, lat) -> np.ndarray:
     """(len(_inner(caps)), 2): the least `bw` and `lat` of the splits at each innermost
     degree (inf where none), read-only (it is cached)."""
@@ -203,7 +193,7 @@ def _dp_unit_inner(levels, caps, DP) -> np.ndarray:
     w, crosses, x = _type_terms(caps, DP)
     at = (np.searchsorted(np.array(_inner(caps)), x[:, 0]) if caps
           else np.zeros(len(w), dtype=np.int64))
-    bws, lats = np.array(levels).T
+    bws, lats = _speeds(levels)
     return _least_per_inner(caps, at, (w / bws).max(axis=1), (crosses * (2 * lats)).sum(axis=1))
 
 
@@ -213,7 +203,7 @@ def _tp_unit_inner(levels, caps, TPm, TPf, f, d) -> np.ndarray:
     the pair's splits of max_k ((x_k−1)·Π x_{>k}·f + (y_k−1)·Π y_{>k}·d)/bw_k, and of
     Σ_k lat_k·([x_k > 1] + [y_k > 1]) (inf if no split has that product)."""
     wm, wf, crosses, at = _pair_terms(caps, TPm, TPf)
-    bws, lats = np.array(levels).T
+    bws, lats = _speeds(levels)
     return _least_per_inner(caps, at, ((wm * f + wf * d) / bws).max(axis=1),
                             (crosses * lats).sum(axis=1))
 
@@ -280,8 +270,6 @@ def clear_caches() -> None:
                _ep_terms):
         fn.cache_clear()
     placement.clear_caches()
-    _GPUS.clear()
-    _GPU_IDS.clear()
 
 
 @lru_cache(maxsize=None)
@@ -309,7 +297,9 @@ class _Pairs:
     """The (TP, DP, PP) triples of N GPUs that fit in memory, in the model's order (TP
     ascending, then DP ascending), with what the pre-filter of `best_plan` needs."""
 
-    def __init__(self, N, d, f, L, s, B, P, hbm_bytes, by):
+    def __init__(self, model: Model, cluster: Cluster):
+        d, f, L, s, B, P = model.d, model.f, model.L, model.s, model.B, model.P
+        N, by, hbm_bytes = cluster.N, cluster.machine.bytes_per_word, cluster.machine.hbm_bytes
         EP = math.gcd(N, s)
         R = N // EP
         self.EP = EP
@@ -353,7 +343,8 @@ class _Layouts:
     placement table. Keys index the distinct TP shapes, DP degrees and (PP, v) pairs.
     """
 
-    def __init__(self, pairs: _Pairs, keep, d, f, L, s, B, schedules):
+    def __init__(self, pairs: _Pairs, keep, model: Model, schedules: tuple[str, ...]):
+        d, f, L, s, B = model.d, model.f, model.L, model.s, model.B
         EP = self.EP = pairs.EP
         pps, PPa = pairs.pps, pairs.PPa
         ti, pj, DPp = pairs.ti[keep], pairs.pj[keep], pairs.DPp[keep]
@@ -421,15 +412,16 @@ class _Layouts:
                 self.EP)
 
 
-def _tp_pair(d, f, L, B, x, y, levels, N, by, kinds: dict) -> tuple[float, float]:
+def _tp_pair(model: Model, x, y, cluster: Cluster, kinds: dict) -> tuple[float, float]:
     """`comm.tp_comm` for one (TP_model, TP_ff) split, reusing each kind's per-level times
     (`kinds`: this call's memo of `_allreduce_levels`, keyed by words and split)."""
+    d, f, L, B = model.d, model.f, model.L, model.B
     bw1, lat1 = kinds.get((f, x)) or kinds.setdefault((f, x), _allreduce_levels(
-        f, x, 2 * L, B, levels, N, by))
+        f, x, 2 * L, B, cluster))
     bw2, lat2 = kinds.get((d, y)) or kinds.setdefault((d, y), _allreduce_levels(
-        d, y, 2 * L, B, levels, N, by))
+        d, y, 2 * L, B, cluster))
     bw_max, lat_sum = 0.0, 0.0
-    for k in range(len(levels)):
+    for k in range(len(bw1)):
         bw_max = max(bw_max, bw1[k] + bw2[k])
         lat_sum += lat1[k] + lat2[k]
     return bw_max, lat_sum
@@ -465,10 +457,12 @@ def _ppep_terms(L, v, PP, EP) -> tuple[tuple, tuple]:
     return tuple(bw), tuple(lat)
 
 
-def _ppep_exact(d, L, B, v, PP, EP, levels, N, by) -> tuple[float, float]:
+def _ppep_exact(model: Model, v, PP, EP, cluster: Cluster) -> tuple[float, float]:
     """`comm.ppep_comm`, operation for operation, leaving out the terms whose repeat count
     is exactly 0 (each would add +0.0, which changes no sum)."""
-    bw_terms, lat_terms = _ppep_terms(L, v, PP, EP)
+    d, B, N, by = model.d, model.B, cluster.N, cluster.machine.bytes_per_word
+    levels = cluster.machine.levels
+    bw_terms, lat_terms = _ppep_terms(model.L, v, PP, EP)
     bw_sum, lat_sum = 0.0, 0.0
     for level, rs in bw_terms:
         bw_sum += d * rs * B * by / (N * levels[level][0] / 2)
@@ -477,42 +471,50 @@ def _ppep_exact(d, L, B, v, PP, EP, levels, N, by) -> tuple[float, float]:
     return bw_sum, lat_sum
 
 
-def _placed_comm(model: Model, levels, caps, deg, v, N, by, memo: tuple[dict, ...]):
-    """Communication parts of every placement of one layout, as six arrays (or None).
-    `memo` holds each split's parts for this model, network and N (one `best_plan` call):
-    dicts keyed by the split alone are cheaper than caches keyed by all nine arguments (and
-    across calls the model or N differs, so such caches would never hit)."""
-    table = placement_table(caps, deg)
-    if table is None:
-        return None
-    d, f, L, B, P = model.d, model.f, model.L, model.B, model.P
-    tp_memo, pe_memo, dp_memo, kinds = memo
-    parts = []
-    for x, y in table.tp:
-        got = tp_memo.get((x, y))
-        if got is None:
-            got = tp_memo[x, y] = _tp_pair(d, f, L, B, x, y, levels, N, by, kinds)
-        parts += got
-    for x, y in table.ppep:
-        got = pe_memo.get((v, x, y))
-        if got is None:
-            got = pe_memo[v, x, y] = _ppep_exact(d, L, B, v, x, y, levels, N, by)
-        parts += got
-    for x in table.dp:
-        got = dp_memo.get(x)
-        if got is None:
-            got = dp_memo[x] = _dp_exact(P, x, levels, N, by)
-        parts += got
-    # Rows tp_bw, tp_lat, ppep_bw, ppep_lat, dp_bw, dp_lat, one column per placement.
-    return table, tuple(np.array(parts, dtype=float).take(table.columns))
+class _PlacedComm:
+    """The communication parts of every placement of a layout, for one model on one cluster
+    (one `best_plan` call). Each split's parts are memoised in dicts keyed by the split
+    alone: cheaper than caches keyed by the model and cluster too (and across calls the
+    model or N differs, so such caches would never hit)."""
+
+    def __init__(self, model: Model, cluster: Cluster):
+        self.model, self.cluster = model, cluster
+        self.tp, self.ppep, self.dp, self.kinds = {}, {}, {}, {}
+
+    def __call__(self, deg: tuple[int, ...], v: int):
+        """(placement table, six arrays: tp_bw, tp_lat, ppep_bw, ppep_lat, dp_bw, dp_lat,
+        one column per placement), or None when `deg` cannot be placed."""
+        model, cluster = self.model, self.cluster
+        table = placement_table(cluster.caps, deg)
+        if table is None:
+            return None
+        parts = []
+        for x, y in table.tp:
+            got = self.tp.get((x, y))
+            if got is None:
+                got = self.tp[x, y] = _tp_pair(model, x, y, cluster, self.kinds)
+            parts += got
+        for x, y in table.ppep:
+            got = self.ppep.get((v, x, y))
+            if got is None:
+                got = self.ppep[v, x, y] = _ppep_exact(model, v, x, y, cluster)
+            parts += got
+        for x in table.dp:
+            got = self.dp.get(x)
+            if got is None:
+                got = self.dp[x] = _dp_exact(model.P, x, cluster)
+            parts += got
+        return table, tuple(np.array(parts, dtype=float).take(table.columns))
 
 
-def _floors(model: Model, lay: _Layouts, levels, caps, N, by):
+def _floors(model: Model, lay: _Layouts, cluster: Cluster):
     """Per group: each communication part at its own best split over the levels (six
     arrays, shaved; no placement does better on any part, so they bound every placement),
     and the TP and DP parts per degree on the innermost level ((groups, degrees, 2) arrays,
     shaved, for `_joint_bounds`)."""
     d, f, L, B, P = model.d, model.f, model.L, model.B, model.P
+    levels, caps, N = cluster.machine.levels, cluster.caps, cluster.N
+    by = cluster.machine.bytes_per_word
     g = math.gcd(f, d)
     tp = np.array([_tp_unit_inner(levels, caps, a, b, f // g, d // g) for a, b in lay.tp_keys],
                   dtype=float) * [SHAVE * (8 * L * B * by / N * g), SHAVE * (4 * L)]
@@ -623,11 +625,13 @@ def _schedule_kinds(schedules, pps: tuple[int, ...], L: int) -> tuple[np.ndarray
             np.array([any(not zb for zb, _ in k) for k in kinds], dtype=bool))
 
 
-def _pair_bounds(model: Model, pairs: _Pairs, levels, caps, N, by, schedules, flags,
-                 flop_s, lat6) -> np.ndarray:
+def _pair_bounds(model: Model, pairs: _Pairs, cluster: Cluster, settings: Settings) -> np.ndarray:
     """A lower bound on the step of every row of each (TP, DP, PP) triple, with TP and DP
     sharing the innermost level as in `_joint_bounds`."""
     d, f, L, s, B, P = model.d, model.f, model.L, model.s, model.B, model.P
+    machine, caps, N = cluster.machine, cluster.caps, cluster.N
+    levels, by = machine.levels, machine.bytes_per_word
+    schedules, flags = tuple(settings.schedules), _overlaps(settings)
     g = math.gcd(f, d)
     ia, ic = _inner_pairs(caps)
     tp = _tp_units(levels, caps, pairs.tp_g, d, f)
@@ -645,8 +649,9 @@ def _pair_bounds(model: Model, pairs: _Pairs, levels, caps, N, by, schedules, fl
     PP = pairs.PPa[pj]
     per_stage = (L // PP) * (s // pairs.EP)
     per_gpu = B // (s * pairs.DPp)
-    flop = (per_stage * (pairs.min_area[ti] * (per_gpu / 8) * flop_s))[:, None]
-    fixed = (per_stage * (PP * lat6))[:, None]  # m ≥ PP micro-batches, six latencies each
+    flop = (per_stage * (pairs.min_area[ti] * (per_gpu / 8) * machine.s_per_flop))[:, None]
+    # m ≥ PP micro-batches, six latencies each
+    fixed = (per_stage * (PP * machine.six_latencies_s))[:, None]
     overlap_tp, overlap_pp, overlap_dp = flags
     hidden = (tp_bw if overlap_tp else 0.0) + (pe_bw if overlap_pp else 0.0)
     exposed = (0.0 if overlap_tp else tp_bw) + (0.0 if overlap_pp else pe_bw)
@@ -665,152 +670,251 @@ def _pair_bounds(model: Model, pairs: _Pairs, levels, caps, N, by, schedules, fl
                       np.where(has_zb, step(flop + 2 * fixed, 0.0), math.inf)).min(axis=1)
 
 
+def _overlaps(settings: Settings) -> tuple[bool, bool, bool]:
+    """Which parts overlap the matmuls: (TP, PP/EP, DP), as `_step_formula` takes them."""
+    return settings.overlap_tp, settings.overlap_pp, settings.overlap_dp
+
+
 def best_plan(gpu: GPU, model: Model, settings: Settings, N: int,
               max_step: float = math.inf) -> Plan | None:
     """The fastest layout of `model` on `N` GPUs, identical to `reference.best_plan`.
 
     With `max_step`, layouts that cannot beat it are skipped and None means "none does".
     """
-    gk = _gpu_key(gpu)
-    levels = _plain_levels(gpu.network_levels)
-    by = gpu.bytes_per_word
-    caps = tuple(level_capacities(gpu.network_levels, N))
-    flags = (settings.overlap_tp, settings.overlap_pp, settings.overlap_dp)
-    L, s, B, d, f = model.L, model.s, model.B, model.d, model.f
-    n_steps = model.D / model.B
-    pairs = _Pairs(N, d, f, L, s, B, model.P, gpu.hbm_bytes, by)
+    return _best_plan(Cluster.of(Machine.of(gpu), N), model, settings, max_step)
+
+
+def _best_plan(cluster: Cluster, model: Model, settings: Settings,
+               max_step: float) -> Plan | None:
+    """`best_plan` on a machine read already (`size_cluster` reads it once per model)."""
+    rows = _bounded_rows(cluster, model, settings, max_step)
+    if rows is None:
+        return None
+    groups = _Groups(rows, cluster, model, settings)
+    best = _best_first(rows, groups, model.D / model.B, max_step)
+    if best is None or best.step > max_step:
+        return None
+    return best.plan(cluster.N, settings)
+
+
+class _Rows(NamedTuple):
+    """The rows of one cluster's layouts that bounds 0 and 1 leave, and what the best-first
+    search reads of them."""
+
+    lay: _Layouts
+    floors: tuple        # per group, each communication part at its best split (`_floors`)
+    joint: tuple         # per group, TP and DP per innermost degree (`_floors`)
+    low: np.ndarray      # per row, bound 1
+    order: np.ndarray    # the rows left, bound 1 ascending
+    traffic: np.ndarray  # per group, the least bandwidth time over the run of any placement
+
+
+def _bounded_rows(cluster: Cluster, model: Model, settings: Settings,
+                  max_step: float) -> _Rows | None:
+    """The layouts whose bounds 0 and 1 do not exceed `max_step` (None if none is left)."""
+    pairs = _Pairs(model, cluster)
     if not len(pairs.ti):
         return None
-    schedules = tuple(settings.schedules)
-    flop_s = (1 - 1e-9) / gpu.sustained_flops
-    lat6 = (1 - 1e-9) * 6 * gpu.latency_per_matmul_s
     keep = slice(None)
     if max_step < math.inf:
         # Bound 0, per (TP, DP, PP): FLOP at the sustained rate (m·⌈b/8⌉ ≥ B/(s·DP)/8, m ≥
         # PP) and each communication part at its best split, TP shape and schedule; no
         # bubble, and no TP/PP latency if a zero-bubble schedule may hide it. It bounds
         # every row of the triple, so triples above the deadline are never expanded.
-        keep = np.flatnonzero(_pair_bounds(model, pairs, levels, caps, N, by, schedules,
-                                           flags, flop_s, lat6) <= max_step)
+        keep = np.flatnonzero(_pair_bounds(model, pairs, cluster, settings) <= max_step)
         if not len(keep):
             return None
-    lay = _Layouts(pairs, keep, d, f, L, s, B, schedules)
+    lay = _Layouts(pairs, keep, model, tuple(settings.schedules))
     if not len(lay.m):
         return None
-
-    # Bound 1, for every row at once: the six matmuls at their FLOP at the sustained rate
-    # plus their fixed latency (shaved by 1e-9 so float rounding can never lift it above
-    # the exact time), with each communication part at its own best split; then, for the
-    # rows it leaves, with TP and DP sharing the innermost level (`_joint_bounds`).
-    floors, joint = _floors(model, lay, levels, caps, N, by)
-    # A matmul takes at least its FLOP time and at least its HBM traffic time, so the six
-    # take at least the larger of the two sums.
-    l2_cap = _GPUS[gk][2]
-    io_words = lay.act_words + np.where(lay.weight_words / 4 * by > l2_cap,
-                                        lay.weight_words, 0.0)
-    io_s = (1 - 1e-9) * by / gpu.hbm_Bps
-    matmul1 = lay.per_stage_m * (np.maximum(lay.flop_blocks * flop_s, io_words * io_s) + lat6)
-    low = _bounds(matmul1, floors, lay, flags)
-    alive = np.flatnonzero(low <= max_step)
-    low[alive] = _joint_bounds(matmul1[alive], floors, joint, lay, flags, alive)
-    alive = alive[low[alive] <= max_step]
+    floors, joint = _floors(model, lay, cluster)
+    low, alive = _row_bounds(lay, floors, joint, cluster.machine, _overlaps(settings), max_step)
     if not len(alive):
         return None
     # The bandwidth time over the run that any placement of a group needs at least: on an
     # exact tie in run time, a row whose floor exceeds the best's cannot win.
+    n_steps = model.D / model.B
     traffic = n_steps * floors[0] + n_steps * floors[4] + n_steps * floors[2]
-    # Best first: bound 2 puts the exact matmul time in place of its FLOP bound; only then
-    # is the row placed on the real levels. Nothing still queued can beat the best once
-    # the smallest bound left exceeds it (in run time, as `reference.tie_key` compares).
-    # Two sources are merged: the rows at bound 1 in ascending order, and a heap of rows
-    # at bound 2.
-    order = alive[np.argsort(low[alive], kind="stable")]
-    n1, p1, CHUNK = len(order), 0, 64
-    base = -CHUNK  # the sorted rows as Python values, a chunk at a time from `base`
-    floor_rows: dict = {}
-    queue: list = []
-    info: dict = {}
-    groups: dict = {}
-    memo: tuple[dict, ...] = ({}, {}, {}, {})
-    best_key = None
+    return _Rows(lay, floors, joint, low, alive[np.argsort(low[alive], kind="stable")], traffic)
+
+
+def _row_bounds(lay: _Layouts, floors, joint, machine: Machine, flags,
+                max_step: float) -> tuple[np.ndarray, np.ndarray]:
+    """Bound 1 of every row, and the rows it keeps within `max_step`.
+
+    The six matmuls at their FLOP at the sustained rate plus their fixed latency (shaved by
+    1e-9 so float rounding can never lift it above the exact time), with each communication
+    part at its own best split; then, for the rows that leaves, with TP and DP sharing the
+    innermost level (`_joint_bounds`). A matmul takes at least its FLOP time and at least
+    its HBM traffic time, so the six take at least the larger of the two sums.
+    """
+    by = machine.bytes_per_word
+    io_words = lay.act_words + np.where(lay.weight_words / 4 * by > machine.chip.l2_cap,
+                                        lay.weight_words, 0.0)
+    matmul1 = lay.per_stage_m * (np.maximum(lay.flop_blocks * machine.s_per_flop,
+                                            io_words * machine.s_per_hbm_word)
+                                 + machine.six_latencies_s)
+    low = _bounds(matmul1, floors, lay, flags)
+    alive = np.flatnonzero(low <= max_step)
+    low[alive] = _joint_bounds(matmul1[alive], floors, joint, lay, flags, alive)
+    return low, alive[low[alive] <= max_step]
+
+
+class _Queue:
+    """The rows best first, from two sources: the rows at bound 1 in ascending order (a
+    sorted array, read as Python values a chunk at a time) and a heap of rows at bound 2.
+    An entry is (bound, row, group, m, matmul): matmul is None at bound 1."""
+
+    CHUNK = 64
+    __slots__ = ("rows", "at", "base", "chunk", "heap")
+
+    def __init__(self, rows: _Rows):
+        self.rows, self.at, self.base, self.chunk, self.heap = rows, 0, -self.CHUNK, None, []
+
+    def push(self, entry: tuple) -> None:
+        heapq.heappush(self.heap, entry)
+
+    def pop(self) -> tuple | None:
+        at, heap = self.at, self.heap
+        if at < len(self.rows.order):
+            if at >= self.base + self.CHUNK:
+                self._read(at)
+            bounds, idx, group, m = self.chunk
+            k = at - self.base
+            if not heap or bounds[k] <= heap[0][0]:
+                self.at = at + 1
+                return bounds[k], idx[k], group[k], m[k], None
+        return heapq.heappop(heap) if heap else None
+
+    def _read(self, at: int) -> None:
+        self.base = at
+        sl = self.rows.order[at:at + self.CHUNK]
+        lay = self.rows.lay
+        self.chunk = (self.rows.low[sl].tolist(), sl.tolist(), lay.group[sl].tolist(),
+                      lay.m[sl].tolist())
+
+
+def _best_first(rows: _Rows, groups: _Groups, n_steps: float,
+                max_step: float) -> _Candidate | None:
+    """The best row and placement, rows taken best first: a row comes up at bound 1 and is
+    queued again at bound 2 (its exact matmul time in place of the FLOP bound); when it
+    comes up again, every placement of it on the real levels is timed. Nothing still
+    queued can beat the best once the smallest bound left exceeds it (in run time, as
+    `reference.tie_key` compares), and on an exact tie in run time a row whose bandwidth
+    floor exceeds the best's, or that comes later, cannot win."""
+    queue = _Queue(rows)
     best = None
-    while True:
-        if p1 < n1 and p1 >= base + CHUNK:
-            base = p1
-            sl = order[p1:p1 + CHUNK]
-            low1, rows1 = low[sl].tolist(), sl.tolist()
-            group1, m1 = lay.group[sl].tolist(), lay.m[sl].tolist()
-        if p1 < n1 and (not queue or low1[p1 - base] <= queue[0][0]):
-            k = p1 - base
-            bound, idx, gi, m, matmul = low1[k], rows1[k], group1[k], m1[k], None
-            p1 += 1
-        elif queue:
-            bound, idx, gi, m, matmul = heapq.heappop(queue)
-        else:
-            break
-        if best_key is None:
+    while (entry := queue.pop()) is not None:
+        bound, idx, gi, m, matmul = entry
+        if best is None:
             if bound > max_step:
                 break
         else:
             run = n_steps * bound
-            if run > best_key[0]:
+            if run > best.key[0]:
                 break
-            if run == best_key[0] and (float(traffic[gi]), idx) > best_key[1:3]:
+            if run == best.key[0] and (float(rows.traffic[gi]), idx) > best.key[1:3]:
                 continue
-        if gi not in info:
-            info[gi] = (lay.degrees(gi), int(lay.g_v[gi]), bool(lay.g_zb[gi]))
-        deg, v, zb = info[gi]
-        DP, TPm, TPf, PP, EP = deg
         if matmul is None:
-            matmul = (L // PP) * (s // EP) * m * _six_matmuls(gk, f // TPf, d // TPm,
-                                                              B // (DP * m * s))
-            parts = floor_rows.get(gi)
-            if parts is None:
-                parts = floor_rows[gi] = _joint_parts(floors, joint, gi)
-            low2 = min((step_seconds(matmul, *x, PP, m, v, zb, *flags)[0] for x in parts),
-                       default=math.inf)
-            heapq.heappush(queue, (low2, idx, gi, m, matmul))
+            queue.push(groups.bound2(idx, gi, m))
             continue
-        if gi not in groups:
-            groups[gi] = _placed_comm(model, levels, caps, deg, v, N, by, memo)
-        group = groups[gi]
-        if group is None:
-            continue
-        table, comm = group
-        steps = _step_formula(matmul, *comm, PP, m, v, zb, flags)
-        # `reference.tie_key`: run time, then bandwidth time over the run, then the
-        # earliest row and placement.
+        found = groups.fastest_placement(idx, gi, m, matmul, best)
+        if found is not None:
+            best = found
+    return best
+
+
+class _Candidate(NamedTuple):
+    """A row at its fastest placement, and the key it wins on."""
+
+    key: tuple[float, float, int, int]  # `reference.tie_key`, then the row and placement
+    degrees: tuple[int, int, int, int, int]  # DP, TP_model, TP_ff, PP, EP
+    m: int
+    v: int
+    zb: bool
+    place: tuple[tuple[int, ...], ...]  # `place[type][level]`
+    matmul: float
+    comm: tuple[float, ...]  # tp_bw, tp_lat, ppep_bw, ppep_lat, dp_bw, dp_lat
+    step: float
+
+    def plan(self, N: int, settings: Settings) -> Plan:
+        DP, TPm, TPf, PP, EP = self.degrees
+        t = combine(self.matmul, *self.comm, PP, self.m, self.v, self.zb, settings)
+        return Plan(N, DP, TPm, TPf, PP, EP, self.m, self.v, self.zb, tuple(zip(*self.place)),
+                    t)
+
+
+class _Groups:
+    """What the best-first search works out once per group (a layout's degrees, v and
+    zero-bubble: the rows that share a placement table), within one `best_plan` call."""
+
+    def __init__(self, rows: _Rows, cluster: Cluster, model: Model, settings: Settings):
+        self.rows, self.model, self.chip = rows, model, cluster.machine.chip
+        self.flags, self.n_steps = _overlaps(settings), model.D / model.B
+        self.placed_comm = _PlacedComm(model, cluster)
+        self.layouts, self.joint_parts, self.placed = {}, {}, {}
+
+    def layout(self, gi: int) -> tuple[tuple[int, ...], int, bool]:
+        """(degrees, v, zero-bubble) of group `gi`."""
+        got = self.layouts.get(gi)
+        if got is None:
+            lay = self.rows.lay
+            got = self.layouts[gi] = (lay.degrees(gi), int(lay.g_v[gi]), bool(lay.g_zb[gi]))
+        return got
+
+    def bound2(self, idx: int, gi: int, m: int) -> tuple:
+        """The queue entry of row `idx` at bound 2: `_joint_bounds` with the exact matmul
+        time in place of its FLOP bound."""
+        (DP, TPm, TPf, PP, EP), v, zb = self.layout(gi)
+        d, f, L, s, B = self.model.d, self.model.f, self.model.L, self.model.s, self.model.B
+        matmul = (L // PP) * (s // EP) * m * _six_matmuls(self.chip, f // TPf, d // TPm,
+                                                          B // (DP * m * s))
+        parts = self.joint_parts.get(gi)
+        if parts is None:
+            parts = self.joint_parts[gi] = _joint_parts(self.rows.floors, self.rows.joint, gi)
+        low2 = min((step_seconds(matmul, *x, PP, m, v, zb, *self.flags)[0] for x in parts),
+                   default=math.inf)
+        return low2, idx, gi, m, matmul
+
+    def fastest_placement(self, idx: int, gi: int, m: int, matmul: float,
+                          best: _Candidate | None) -> _Candidate | None:
+        """Row `idx` at its fastest placement, if it beats `best` (`reference.tie_key`:
+        run time, then bandwidth time over the run, then the earliest row and placement)."""
+        deg, v, zb = self.layout(gi)
+        if gi not in self.placed:
+            self.placed[gi] = self.placed_comm(deg, v)
+        if self.placed[gi] is None:
+            return None
+        table, comm = self.placed[gi]
+        n_steps = self.n_steps
+        steps = _step_formula(matmul, *comm, deg[3], m, v, zb, self.flags)
         runs = n_steps * steps
         run = float(runs.min())
-        if best_key is not None and run > best_key[0]:
-            continue
+        if best is not None and run > best.key[0]:
+            return None
         ties = np.flatnonzero(runs == run)
         tp_bw, _, ppep_bw, _, dp_bw, _ = (c[ties] for c in comm)
         moved = n_steps * tp_bw + n_steps * dp_bw + n_steps * ppep_bw
         least = float(moved.min())
-        p_idx = int(ties[np.flatnonzero(moved == least)[0]])
-        key = (run, least, idx, p_idx)
-        if best_key is None or key < best_key:
-            best_key = key
-            best = (deg, m, v, zb, table.place(p_idx), matmul,
-                    tuple(float(c[p_idx]) for c in comm), float(steps[p_idx]))
-    if best is None or best[-1] > max_step:
-        return None
-    (DP, TPm, TPf, PP, EP), m, v, zb, place, matmul, comm, _ = best
-    t = combine(matmul, *comm, PP, m, v, zb, settings)
-    return Plan(N, DP, TPm, TPf, PP, EP, m, v, zb, tuple(zip(*place)), t)
+        p = int(ties[np.flatnonzero(moved == least)[0]])
+        key = (run, least, idx, p)
+        if best is not None and not key < best.key:
+            return None
+        return _Candidate(key, deg, m, v, zb, table.place(p), matmul,
+                          tuple(float(c[p]) for c in comm), float(steps[p]))
 
 
-def step_floor(gpu: GPU, model: Model, N: int) -> float:
+def step_floor(machine: Machine, model: Model, N: int) -> float:
     """A lower bound on the step of every layout of `model` on `N` GPUs, from its matmuls
     alone: the FLOP of one step spread over the N GPUs at the sustained rate (2·f'·d'·b per
     matmul, six per layer and micro-batch; padding only adds), plus six matmul latencies
     for each of the ≥ L layer-micro-batches of a GPU (m ≥ PP micro-batches on L/PP layers).
     With one expert the micro-batches cover all B tokens; with s experts B/(s·DP) is rounded
     down, losing fewer than s·DP ≤ N of them. Shaved by 1e-9, as bound 1 is."""
+    chip = machine.chip
     tokens = model.B if model.s == 1 else max(0, model.B - N)
-    flop = 12 * model.L * model.f * model.d * tokens / (N * gpu.sustained_flops)
-    return (1 - 1e-9) * (flop + 6 * model.L * gpu.latency_per_matmul_s)
+    flop = 12 * model.L * model.f * model.d * tokens / (N * chip.sustained_flops)
+    return SHAVE_9 * (flop + 6 * model.L * chip.latency_per_matmul_s)
 
 
 def _largest_degrees(model: Model) -> tuple[int, int]:
@@ -819,15 +923,15 @@ def _largest_degrees(model: Model) -> tuple[int, int]:
     return df & -df, model.L & -model.L
 
 
-def _latency_wall(gpu: GPU, model: Model, settings: Settings, caps) -> float:
+def latency_wall(machine: Machine, model: Model, settings: Settings) -> float:
     """A lower bound on the step of every layout on every N = s·2^i from one on where TP
     and PP can grow no further (`_largest_degrees`) and the inner levels are full
-    (`caps`): whatever N, each GPU pays the matmul latencies of ≥ L layer-micro-batches
-    (≥ 2L under zero-bubble) and, outside zero-bubble, TP's and PP's latencies at their
-    best split; and TP·PP·EP GPUs must hold the weights (memory: N·HBM ≥ P·bytes·DP),
-    which rules out the small degrees whose latencies are small."""
+    (`Machine.inner_sizes`): whatever N, each GPU pays the matmul latencies of ≥ L
+    layer-micro-batches (≥ 2L under zero-bubble) and, outside zero-bubble, TP's and PP's
+    latencies at their best split; and TP·PP·EP GPUs must hold the weights (memory:
+    N·HBM ≥ P·bytes·DP), which rules out the small degrees whose latencies are small."""
     L, d, f, EP = model.L, model.d, model.f, model.s
-    levels = _plain_levels(gpu.network_levels)
+    levels, caps = machine.levels, machine.inner_sizes
     tp_g, pp_g = _largest_degrees(model)
     schedules = tuple(settings.schedules)
     tps = np.array(_tp_rows(tp_g, d, f)[0], dtype=float)
@@ -835,41 +939,46 @@ def _latency_wall(gpu: GPU, model: Model, settings: Settings, caps) -> float:
     tp_lat = SHAVE * (4 * L) * _tp_units(levels, caps, tp_g, d, f)[:, :, 1].min(axis=1)
     pe_lat = SHAVE * _ppep_units(levels, caps, pp_g, EP, L, schedules)[:, 1]
     has_zb, has_other = _schedule_kinds(schedules, pps, L)
-    lat6 = (1 - 1e-9) * 6 * gpu.latency_per_matmul_s
-    holds = (tps[:, None] * np.array(pps, dtype=float) * (EP * gpu.hbm_bytes * (1 + 1e-9))
-             >= model.P * gpu.bytes_per_word)
+    lat6 = machine.six_latencies_s
+    holds = (tps[:, None] * np.array(pps, dtype=float) * (EP * machine.hbm_bytes * (1 + 1e-9))
+             >= model.P * machine.bytes_per_word)
     step = np.minimum(np.where(has_other, L * lat6 + (tp_lat[:, None] + pe_lat), math.inf),
                       np.where(has_zb, 2 * L * lat6, math.inf))
     return float(step[holds].min()) if holds.any() else math.inf
 
 
-def size_cluster(gpu: GPU, model: Model, settings: Settings) -> Plan | None:
-    """Smallest `N = s·2^i` that finishes within the duration; None past the latency wall."""
-    T = settings.duration_s
-    need = model.C / (T * gpu.sustained_flops)
-    steps = model.D / model.B
-    # The largest step that still finishes in time (`steps · step < T`), to the last bit.
+def _last_step_in_time(T: float, steps: float) -> float:
+    """The largest step that still finishes in time (`steps · step < T`), to the last bit."""
     max_step = T / steps
     while steps * max_step >= T:
         max_step = math.nextafter(max_step, 0.0)
     while steps * math.nextafter(max_step, math.inf) < T:
         max_step = math.nextafter(max_step, math.inf)
+    return max_step
+
+
+def size_cluster(gpu: GPU, model: Model, settings: Settings) -> Plan | None:
+    """Smallest `N = s·2^i` that finishes within the duration; None past the latency wall."""
+    machine = Machine.of(gpu)
+    T = settings.duration_s
+    need = model.C / (T * machine.chip.sustained_flops)
+    steps = model.D / model.B
+    max_step = _last_step_in_time(T, steps)
     # Past the latency wall no larger cluster helps either: from the size on where TP and
     # PP have all the degrees they can take and the inner levels are full, one bound holds
     # for every larger N. It is checked once, after the first such size fails (cheap then:
     # its caches are warm from that size's search).
-    caps = tuple(lv.size for lv in gpu.network_levels[:-1])
-    wall_from = max(model.s * max(_largest_degrees(model)), math.prod(caps))
+    wall_from = max(model.s * max(_largest_degrees(model)), math.prod(machine.inner_sizes))
     wall_checked = False
     for i in range(60):
         N = model.s * 2**i
-        if N < need or step_floor(gpu, model, N) > max_step:
+        if N < need or step_floor(machine, model, N) > max_step:
             continue
-        plan = best_plan(gpu, model, settings, N, max_step)
+        plan = _best_plan(Cluster.of(machine, N), model, settings, max_step)
         if plan is not None and steps * plan.time.step < T:
             return plan
         if N >= wall_from and not wall_checked:
             wall_checked = True
-            if _latency_wall(gpu, model, settings, caps) > max_step:
+            if latency_wall(machine, model, settings) > max_step:
                 return None
     return None
