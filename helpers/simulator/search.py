@@ -334,6 +334,51 @@ def _tp_rows(g: int, d: int, f: int) -> tuple[list[int], list, np.ndarray]:
     return tps, shapes, min_area
 
 
+def _by_tp_shape(shapes, ti: np.ndarray):
+    """Each (TP, DP, PP) triple (`ti`: its TP's index) expanded by the TP's shapes: every
+    shape, which triple each expanded row comes from, and each row's shape."""
+    n_sh = np.array([len(x) for x in shapes], dtype=np.int64)
+    sh_start = np.cumsum(n_sh) - n_sh
+    pair, k = _segments(n_sh[ti])
+    return [sh for x in shapes for sh in x], pair, sh_start[ti[pair]] + k
+
+
+def _by_schedule(pps, pj: np.ndarray, L: int, schedules: tuple[str, ...]):
+    """Rows (`pj`: the index of each one's PP) expanded by the schedules of their PP: every
+    (PP, v), which row each expanded one comes from, its (PP, v), and per (PP, v) whether
+    it is zero-bubble and its v."""
+    opts = [_schedules(schedules, int(x), L) for x in pps]
+    n_op = np.array([len(x) for x in opts], dtype=np.int64)
+    op_start = np.cumsum(n_op) - n_op
+    pe_keys = [(int(pps[j]), v) for j, x in enumerate(opts) for _, v in x]
+    op_zb = np.array([zb for x in opts for zb, _ in x], dtype=bool)
+    op_v = np.array([v for x in opts for _, v in x], dtype=np.int64)
+    row, k = _segments(n_op[pj])
+    return pe_keys, row, op_start[pj[row]] + k, op_zb, op_v
+
+
+def _by_microbatches(g_dp: np.ndarray, g_pp: np.ndarray, g_zb: np.ndarray, B: int, s: int):
+    """Groups expanded by their microbatch counts: the first 4 (1 under ZB) divisors of
+    B/(s·DP) that are ≥ PP (≥ 2·PP under ZB). Returns the distinct DP degrees, each
+    group's index among them, each row's group and each row's m."""
+    dp_keys = sorted(set(g_dp.tolist()))  # (np.unique would import numpy.ma)
+    dps = np.array(dp_keys, dtype=np.int64)
+    g_dpk = np.searchsorted(dps, g_dp)
+    divs = [_divisor_array(B // (s * int(x))) for x in dps]
+    n_div = np.array([len(x) for x in divs], dtype=np.int64)
+    div_start = np.cumsum(n_div) - n_div
+    flat = np.concatenate(divs) if divs else np.zeros(0, np.int64)
+    big = int(flat.max()) + 1 if len(flat) else 1
+    code = np.repeat(np.arange(len(divs), dtype=np.int64), n_div) * big + flat
+    lo = np.where(g_zb, 2 * g_pp, g_pp)
+    first = np.searchsorted(code, g_dpk * big + np.minimum(lo, big - 1))
+    first = np.where(lo < big, first, div_start[g_dpk] + n_div[g_dpk])
+    n_m = np.minimum(np.maximum(div_start[g_dpk] + n_div[g_dpk] - first, 0),
+                     np.where(g_zb, 1, 4))
+    grp, k = _segments(n_m)
+    return dp_keys, g_dpk, grp, flat[first[grp] + k]
+
+
 class _Layouts:
     """The model's layouts for N GPUs, one row per (degrees, v, zero-bubble, m), in the
     model's enumeration order: TP, then DP ascending; TP_ff ascending; schedule; m.
@@ -344,56 +389,29 @@ class _Layouts:
     """
 
     def __init__(self, pairs: _Pairs, keep, model: Model, schedules: tuple[str, ...]):
-        d, f, L, s, B = model.d, model.f, model.L, model.s, model.B
-        EP = self.EP = pairs.EP
-        pps, PPa = pairs.pps, pairs.PPa
+        self.EP = pairs.EP
         ti, pj, DPp = pairs.ti[keep], pairs.pj[keep], pairs.DPp[keep]
-        # Expand each (TP, DP) by its TP shapes.
-        shapes = pairs.shapes
-        n_sh = np.array([len(x) for x in shapes], dtype=np.int64)
-        sh_start = np.cumsum(n_sh) - n_sh
-        self.tp_keys = [sh for x in shapes for sh in x]
-        pair, k = _segments(n_sh[ti])
-        tp_key = sh_start[ti[pair]] + k
+        self.tp_keys, pair, tp_key = _by_tp_shape(pairs.shapes, ti)
         pj2, DP2 = pj[pair], DPp[pair]
-        # Expand by the schedules of each PP.
-        opts = [_schedules(schedules, int(x), L) for x in pps]
-        n_op = np.array([len(x) for x in opts], dtype=np.int64)
-        op_start = np.cumsum(n_op) - n_op
-        self.pe_keys = [(int(pps[j]), v) for j, x in enumerate(opts) for _, v in x]
-        op_zb = np.array([zb for x in opts for zb, _ in x], dtype=bool)
-        op_v = np.array([v for x in opts for _, v in x], dtype=np.int64)
-        row, k = _segments(n_op[pj2])
-        pe_key = op_start[pj2[row]] + k
-        g_tp, g_dp, g_pp = tp_key[row], DP2[row], PPa[pj2[row]]
+        self.pe_keys, row, pe_key, op_zb, op_v = _by_schedule(pairs.pps, pj2, model.L,
+                                                              schedules)
+        g_tp, g_dp, g_pp = tp_key[row], DP2[row], pairs.PPa[pj2[row]]
         g_zb, g_v = op_zb[pe_key], op_v[pe_key]
-        # Expand by the microbatch counts: the first 4 (1 under ZB) divisors of B/(s·DP)
-        # that are ≥ PP (≥ 2·PP under ZB).
-        self.dp_keys = sorted(set(g_dp.tolist()))  # (np.unique would import numpy.ma)
-        dps = np.array(self.dp_keys, dtype=np.int64)
-        g_dpk = np.searchsorted(dps, g_dp)
-        per_gpu = [B // (s * int(x)) for x in dps]
-        divs = [_divisor_array(x) for x in per_gpu]
-        n_div = np.array([len(x) for x in divs], dtype=np.int64)
-        div_start = np.cumsum(n_div) - n_div
-        flat = np.concatenate(divs) if divs else np.zeros(0, np.int64)
-        big = int(flat.max()) + 1 if len(flat) else 1
-        code = np.repeat(np.arange(len(divs), dtype=np.int64), n_div) * big + flat
-        lo = np.where(g_zb, 2 * g_pp, g_pp)
-        first = np.searchsorted(code, g_dpk * big + np.minimum(lo, big - 1))
-        first = np.where(lo < big, first, div_start[g_dpk] + n_div[g_dpk])
-        n_m = np.minimum(np.maximum(div_start[g_dpk] + n_div[g_dpk] - first, 0),
-                         np.where(g_zb, 1, 4))
+        self.dp_keys, g_dpk, grp, self.m = _by_microbatches(g_dp, g_pp, g_zb, model.B, model.s)
         self.n_groups = len(g_tp)
-        grp, k = _segments(n_m)
         self.group = grp
-        self.m = flat[first[grp] + k]
         self.g_tp, self.g_dp, self.g_dpk, self.g_pp = g_tp, g_dp, g_dpk, g_pp
         self.g_pe, self.g_zb, self.g_v = pe_key, g_zb, g_v
         tp_arr = np.array(self.tp_keys, dtype=np.int64).reshape(-1, 2)
         self.g_tpm, self.g_tpf = tp_arr[g_tp, 0], tp_arr[g_tp, 1]
         self.pp, self.v, self.zb = g_pp[grp], g_v[grp], g_zb[grp]
-        dp_r, tpm_r, tpf_r = g_dp[grp], self.g_tpm[grp], self.g_tpf[grp]
+        self._matmul_columns(model)
+
+    def _matmul_columns(self, model: Model) -> None:
+        """Per row, what bound 1 reads of its six matmuls."""
+        d, f, L, s, B = model.d, model.f, model.L, model.s, model.B
+        grp = self.group
+        dp_r, tpm_r, tpf_r = self.g_dp[grp], self.g_tpm[grp], self.g_tpf[grp]
         # The FLOP of the six matmuls, in padded 8×8×8 blocks of 2·8³, is
         # 6·1024·⌈f'/8⌉·⌈d'/8⌉·⌈b/8⌉ (`matmul.matmul_flop`); in floats (a bound only).
         b = B // (dp_r * self.m * s)
@@ -405,7 +423,7 @@ class _Layouts:
         # gradients): 8·f'·d' over the six.
         self.act_words = 6.0 * (fp + dp_) * b
         self.weight_words = 8.0 * fp * dp_
-        self.per_stage_m = ((L // self.pp) * (s // EP) * self.m).astype(float)
+        self.per_stage_m = ((L // self.pp) * (s // self.EP) * self.m).astype(float)
 
     def degrees(self, g: int) -> tuple[int, int, int, int, int]:
         return (int(self.g_dp[g]), int(self.g_tpm[g]), int(self.g_tpf[g]), int(self.g_pp[g]),
@@ -625,13 +643,14 @@ def _schedule_kinds(schedules, pps: tuple[int, ...], L: int) -> tuple[np.ndarray
             np.array([any(not zb for zb, _ in k) for k in kinds], dtype=bool))
 
 
-def _pair_bounds(model: Model, pairs: _Pairs, cluster: Cluster, settings: Settings) -> np.ndarray:
-    """A lower bound on the step of every row of each (TP, DP, PP) triple, with TP and DP
-    sharing the innermost level as in `_joint_bounds`."""
-    d, f, L, s, B, P = model.d, model.f, model.L, model.s, model.B, model.P
-    machine, caps, N = cluster.machine, cluster.caps, cluster.N
-    levels, by = machine.levels, machine.bytes_per_word
-    schedules, flags = tuple(settings.schedules), _overlaps(settings)
+def _pair_comm_bounds(model: Model, pairs: _Pairs, cluster: Cluster,
+                      schedules: tuple[str, ...]) -> tuple[np.ndarray, ...]:
+    """Each communication part of each (TP, DP, PP) triple at its best split, TP shape and
+    schedule, per pair of TP and DP degrees on the innermost level that fit together
+    (shaved): tp_bw, tp_lat, ppep_bw, ppep_lat, dp_bw, dp_lat."""
+    d, f, L, B, P = model.d, model.f, model.L, model.B, model.P
+    levels, caps, N = cluster.machine.levels, cluster.caps, cluster.N
+    by = cluster.machine.bytes_per_word
     g = math.gcd(f, d)
     ia, ic = _inner_pairs(caps)
     tp = _tp_units(levels, caps, pairs.tp_g, d, f)
@@ -646,6 +665,17 @@ def _pair_bounds(model: Model, pairs: _Pairs, cluster: Cluster, settings: Settin
     pe_lat = (SHAVE * pe[pj, 1])[:, None]
     dp_bw = SHAVE * (4 * P * by / N) * dp[:, :, 0]
     dp_lat = SHAVE * dp[:, :, 1]
+    return tp_bw, tp_lat, pe_bw, pe_lat, dp_bw, dp_lat
+
+
+def _pair_bounds(model: Model, pairs: _Pairs, cluster: Cluster, settings: Settings) -> np.ndarray:
+    """A lower bound on the step of every row of each (TP, DP, PP) triple, with TP and DP
+    sharing the innermost level as in `_joint_bounds`."""
+    L, s, B = model.L, model.s, model.B
+    machine, pj, ti = cluster.machine, pairs.pj, pairs.ti
+    schedules, flags = tuple(settings.schedules), _overlaps(settings)
+    tp_bw, tp_lat, pe_bw, pe_lat, dp_bw, dp_lat = _pair_comm_bounds(model, pairs, cluster,
+                                                                    schedules)
     PP = pairs.PPa[pj]
     per_stage = (L // PP) * (s // pairs.EP)
     per_gpu = B // (s * pairs.DPp)
