@@ -1,5 +1,8 @@
 """helpers.ranks: real processes, real process groups; what a notebook user relies on."""
+import dataclasses
+import functools
 import ipaddress
+import linecache
 import multiprocessing
 import os
 import signal
@@ -13,7 +16,7 @@ import pytest
 import torch
 
 from helpers import ranks
-from helpers.launch import host, process
+from helpers.launch import host, process, shipping
 from helpers.launch import live as launch_live
 from helpers.ranks import LiveRanks, RankError, RankTimeoutError, spawn
 from tests import rank_fns
@@ -340,13 +343,13 @@ def test_ranks_die_with_the_kernel(how):
         assert private_folders(proc.pid) == set()
 
 
+UNSHIPPABLE = threading.Lock()
+
+
 # -- bad arguments: one clear error, nothing started --------------------------------------------
 
-def defined_in_a_cell(rank, world_size):
+def uses_a_lock(rank, world_size, lock):
     return rank
-
-
-defined_in_a_cell.__module__ = "__main__"  # what a function typed into a notebook looks like
 
 
 @pytest.mark.parametrize("call, error, words", [
@@ -354,8 +357,11 @@ defined_in_a_cell.__module__ = "__main__"  # what a function typed into a notebo
     (lambda: spawn(rank_fns.identity, 10_000), ValueError, "world_size must be between 1 and"),
     (lambda: spawn(rank_fns.identity, "2"), TypeError, "world_size must be an int"),
     (lambda: spawn(42, 2), TypeError, "fn must be a callable"),
-    (lambda: spawn(lambda r, w: r, 2), ValueError, "lambda"),
-    (lambda: spawn(defined_in_a_cell, 2), ValueError, "notebook cell"),
+    (lambda: spawn(uses_a_lock, 2, threading.Lock()), TypeError,
+     "argument 'lock' of uses_a_lock \\(a lock\\) cannot be sent to the ranks"),
+    (lambda: spawn(rank_fns.identity, 2, value=open(os.devnull)), TypeError,
+     "argument 'value' of identity \\(a TextIOWrapper\\) cannot be sent"),
+    (lambda: spawn(lambda r, w: UNSHIPPABLE, 2), TypeError, r"fn=.*<lambda> \(a global"),
     (lambda: spawn(rank_fns.identity, 2, backend="mpi"), ValueError, "backend must be one of"),
     (lambda: spawn(rank_fns.identity, 2, timeout=0), ValueError, "timeout must be"),
     (lambda: spawn(rank_fns.identity, 2, timeout=float("inf")), ValueError,
@@ -531,6 +537,56 @@ def test_a_result_that_cannot_be_unpickled_names_the_rank(live):
     assert info.value.rank == 0 and "could not be unpickled" in str(info.value)
     assert "only loads in the rank" in str(info.value)
     assert [r["pid"] for r in live.run(rank_fns.identity)] == pids  # the ranks were fine
+
+
+# -- functions from cells, by value; groups the lab owns; modules on disk ----------------------
+
+@dataclasses.dataclass
+class CellPoint:
+    x: int
+    y: int
+
+
+CellPoint.__module__ = "__main__"  # what a class typed into a notebook cell looks like
+SCALE = 10
+
+
+def cell_helper(value):
+    return value * SCALE
+
+
+def make_cell_closure(k):
+    def fn(rank, world_size):
+        return CellPoint(rank, cell_helper(rank) + k)
+    return fn
+
+
+for _cell_thing in (cell_helper, make_cell_closure):
+    _cell_thing.__module__ = "__main__"
+
+
+def test_cell_functions_closures_and_lambdas_run_by_value(live):
+    live.resize(2)
+    points = live.run(make_cell_closure(1))
+    # The class went by value and came back as the notebook's own class.
+    assert points == [CellPoint(0, 1), CellPoint(1, 11)]
+    assert all(type(p) is CellPoint for p in points)
+    assert live.run(lambda rank, world_size, f: f(rank), lambda r: r * 100) == [0, 100]
+    assert live.run(functools.partial(lambda rank, world_size, k: rank + k, k=5)) == [5, 6]
+
+
+def test_cell_lines_are_put_back_from_this_process(monkeypatch):
+    cell = "/tmp/ipykernel_1/123.py"
+    monkeypatch.setitem(linecache.cache, cell, (30, None, ["x = 1\n", "    raise ValueError(x)\n"],
+                                                cell))
+    remote = ('Traceback (most recent call last):\n'
+              '  File "/x/worker.py", line 9, in _handle\n'
+              '    data = run()\n'
+              f'  File "{cell}", line 2, in fails\n'
+              'ValueError: 1\n')
+    shown = shipping.with_cell_lines(remote)
+    assert shown == remote.replace("fails\n", "fails\n    raise ValueError(x)\n")
+    assert shipping.with_cell_lines(shown) == shown  # a line already there is not repeated
 
 
 # -- a bounded number of rank processes ---------------------------------------------------------

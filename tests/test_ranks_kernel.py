@@ -21,7 +21,7 @@ def processes():
     for entry in filter(str.isdigit, os.listdir("/proc")):
         try:
             stat = open(f"/proc/{entry}/stat").read().rsplit(")", 1)[1].split()
-            cmdline = open(f"/proc/{entry}/cmdline").read()
+            cmdline = open(f"/proc/{entry}/cmdline", errors="replace").read()
         except OSError:
             continue
         if stat[0] != "Z":
@@ -176,3 +176,53 @@ def test_restart_and_shutdown_leave_nothing_and_need_no_kill():
     finally:
         if km.has_kernel:
             km.shutdown_kernel(now=True)
+
+
+# -- a reader's own code on live ranks: typed into cells, edited on disk, groups it breaks ------
+
+@pytest.fixture(scope="module")
+def cells(kernel, tmp_path_factory):
+    """Live ranks in the kernel, `cells`, shared by the tests below (a start costs seconds),
+    with a folder of the reader's own modules on the path (before the ranks start: they
+    take the kernel's path with them)."""
+    km, kc = kernel
+    folder = tmp_path_factory.mktemp("reader")
+    execute(kc, f"import sys; sys.path.insert(0, {str(folder)!r})\n"
+                "cells = LiveRanks(2, timeout=120)")
+    yield kc, folder
+    execute(kc, "cells.close()")
+
+
+def notices(got) -> list[str]:
+    return [line for line in got["stderr"].splitlines() if line.startswith("helpers.ranks:")]
+
+
+CELLS = [
+    "import dataclasses\n@dataclasses.dataclass\nclass Point:\n    x: int\n    y: int",
+    "SCALE = 10\ndef helper(value):\n    return value * SCALE",
+    "def make(k):\n    def fn(rank, world_size):\n        return Point(rank, helper(rank) + k)\n"
+    "    return fn",
+    "def apply(rank, world_size, f):\n    return f(rank)",
+    "def fails(rank, world_size):\n    width = 3\n"
+    "    raise ValueError(f'no room for {width}')  # the cell's own line",
+    "import threading\nlock = threading.Lock()\ndef locked(rank, world_size, lock):\n    return rank",
+]
+
+
+def test_functions_typed_into_cells_run_on_the_ranks(cells):
+    kc, _ = cells
+    for cell in CELLS:
+        assert execute(kc, cell)["ename"] is None
+    # A closure over a class and a helper of other cells; the class comes back as the cell's.
+    assert value(kc, "[[p.x, p.y, type(p) is Point, p == Point(p.x, p.y)] "
+                     "for p in cells.run(make(1))]") == [[0, 1, True, True], [1, 11, True, True]]
+    assert value(kc, "cells.run(apply, helper)") == [0, 10]  # a cell function as an argument
+    got = execute(kc, "try:\n    cells.run(fails)\nexcept helpers.ranks.RankError as error:\n"
+                      "    print(error)")
+    assert "raise ValueError(f'no room for {width}')  # the cell's own line" in got["stdout"]
+    assert "ValueError: no room for 3" in got["stdout"]
+    ranks_before, launchers_before = value(kc, "rank_children()"), value(kc, "launchers()")
+    got = execute(kc, "try:\n    helpers.ranks.spawn(locked, 2, lock)\nexcept TypeError as error:"
+                      "\n    print(error)")
+    assert "argument 'lock' of locked (a lock) cannot be sent to the ranks" in got["stdout"]
+    assert value(kc, "[rank_children(), launchers()]") == [ranks_before, launchers_before]

@@ -23,21 +23,15 @@ def check_world_size(world_size: Any) -> int:
 
 
 def check_rank_function(fn: Any) -> Callable:
-    """A rank function must be importable by name in a fresh process."""
+    """A rank function is a Python function (or a functools.partial of one): from a module it
+    goes to the ranks by name, from a cell, a lambda or a closure by value (see
+    helpers.launch.shipping)."""
     if not callable(fn):
         raise TypeError(f"fn must be a callable, got {type(fn).__name__}")
     target = fn.func if isinstance(fn, functools.partial) else fn
-    module = getattr(target, "__module__", None)
-    qualname = getattr(target, "__qualname__", "")
-    if module in (None, "builtins") or not inspect.isfunction(inspect.unwrap(target)):
-        raise ValueError(f"fn={fn!r} must be a Python function defined in an importable module")
-    if module == "__main__" or module.startswith("__"):
-        raise ValueError(
-            f"fn={qualname or fn!r} is defined in a notebook cell or script (module {module!r}); "
-            "a fresh rank process cannot import it. Put rank functions in a module, e.g. helpers/.")
-    if "<locals>" in qualname or "<lambda>" in qualname:
-        raise ValueError(f"fn={qualname} is a lambda or nested function; rank processes can only "
-                         "run module-level functions")
+    if not inspect.isfunction(inspect.unwrap(target)):
+        raise ValueError(f"fn={fn!r} must be a Python function, "
+                         "called as fn(rank, world_size, *args, **kwargs)")
     return fn
 
 

@@ -9,6 +9,8 @@ Why it is built this way:
 * Rendezvous goes through a `FileStore` in a private temporary folder, so no TCP store listens
   at all; gloo and NCCL bind their transports to the loopback interface, whatever the
   environment says, unless the reader asks for `multi_node=True` (helpers.launch.host).
+* The call crosses as cloudpickle bytes (helpers.launch.shipping): a function typed into a
+  cell goes by value, one from a module by name; what cannot cross fails before any start.
 * Every request carries an id and every reply is matched to it; a call that was cut short
   (an error, a timeout, an interrupt) marks the ranks dirty and they are killed, then reaped,
   with interrupts held back (helpers.launch.process), so the next call always starts from a
@@ -42,6 +44,7 @@ from helpers.launch.errors import RankError, RankTimeoutError, describe_exit
 from helpers.launch.host import max_cpu_world_size, pin_transports, resolve_backend
 from helpers.launch.process import (POLL_S, Launcher, RankProcess, kill_all, private_folder,
                                     sigint_deferred)
+from helpers.launch.shipping import pack, with_cell_lines
 
 # Most rank processes one kernel keeps alive at once (None: `max_cpu_world_size()`).
 LIVE_RANK_LIMIT: int | None = None
@@ -171,7 +174,7 @@ class LiveRanks:
     def run(self, fn: Callable, *args, **kwargs) -> list:
         """`[fn(r, world_size, *args, **kwargs) for r in ranks]`, each on its own rank."""
         check_rank_function(fn)
-        payload = pickle.dumps((fn, args, kwargs))
+        payload = pack(fn, args, kwargs)  # what cannot be sent fails here, before any start
         what = "run " + _name(fn)
         with self._lock:
             self._last_used = next(_CLOCK)
@@ -322,6 +325,7 @@ class LiveRanks:
 
     def _failed(self, rank: RankProcess, tb: str, ranks: list[RankProcess],
                 pending: dict) -> RankError:
+        tb = with_cell_lines(tb)
         if "Timed out" in tb or "timed out" in tb:
             returned = sorted(r.index for r in ranks if r.conn not in pending and r is not rank)
             return RankTimeoutError(rank.index, rank.op, tb, self.timeout, returned)

@@ -38,6 +38,7 @@ import traceback
 from datetime import timedelta
 
 from helpers.launch.host import threads_per_rank
+from helpers.launch.shipping import dumps
 
 _OP_SLOT_BYTES = 64
 # The process-group timeout used for timeout=None: long enough never to matter in a course.
@@ -149,7 +150,7 @@ def _leave_group(index: int) -> None:
 def _run_function(index: int, payload: bytes) -> bytes:
     import torch.distributed as dist
     fn, args, kwargs = pickle.loads(payload)
-    return pickle.dumps(_to_cpu(fn(index, dist.get_world_size(), *args, **kwargs)))
+    return dumps(_to_cpu(fn(index, dist.get_world_size(), *args, **kwargs)))
 
 
 _HANDLERS = {"init": _init_group, "leave": _leave_group, "run": _run_function}

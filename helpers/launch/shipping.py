@@ -1,0 +1,112 @@
+"""What crosses between the notebook and its ranks.
+
+* `pack(fn, args, kwargs)`: a call as bytes, made in the notebook before any process starts.
+  cloudpickle (what Ray, Dask and PySpark ship functions with) sends a function by reference
+  when its module imports by name (the rank imports it) and by value when it cannot: a
+  function typed into a cell (module `__main__`), a lambda or a closure travels with its code,
+  the globals it reads, and the helpers and classes those name. Arguments travel the same way,
+  functions among them. Whatever does not pickle (a lock, an open file, a process group) is
+  one `TypeError` naming the argument.
+* Results come back through the same pickler. A class defined in a cell keeps cloudpickle's
+  id for it on both sides, so an instance a rank returns unpickles as an instance of the
+  notebook's very class: `isinstance` and `==` hold, as long as the cell defining it has not
+  been run again since the call (a re-run defines a new class, as in plain Python).
+* `with_cell_lines(traceback_text)`: a rank has no copy of a cell's source, so its traceback
+  names the cell's frames without their lines; the notebook has them in its `linecache`
+  (IPython keeps every cell there) and puts each missing line back. (cloudpickle writes
+  "<dynamic-code>" for the file of code it ships; `dumps` keeps the real name.)
+"""
+from __future__ import annotations
+
+import functools
+import inspect
+import io
+import linecache
+import pickle
+import re
+import types
+from collections import ChainMap
+
+import cloudpickle
+
+_code_reduce = getattr(cloudpickle.cloudpickle, "_code_reduce", None)
+
+
+def _code_keeping_its_file(code: types.CodeType):
+    """cloudpickle's reduction of a code object, with the file name it replaced put back: a
+    rank's traceback then names the cell, which the notebook can show the lines of."""
+    rebuild, fields = _code_reduce(code)
+    return rebuild, tuple(code.co_filename if f == "<dynamic-code>" else f for f in fields)
+
+
+def _refuse_open_file(file: io.TextIOWrapper):
+    """cloudpickle would send a file open for reading as a copy of all its text: one rank
+    would read a snapshot, and a large file would cross whole. Refuse it like any file."""
+    raise TypeError(f"cannot send an open file ({getattr(file, 'name', '?')!r})")
+
+
+class _Pickler(cloudpickle.Pickler):
+    dispatch_table = ChainMap({io.TextIOWrapper: _refuse_open_file},
+                              {types.CodeType: _code_keeping_its_file} if _code_reduce else {},
+                              cloudpickle.Pickler.dispatch_table)
+
+
+def dumps(value) -> bytes:
+    """`value` as cloudpickle pickles it, code objects keeping their file names."""
+    buffer = io.BytesIO()
+    _Pickler(buffer, protocol=pickle.HIGHEST_PROTOCOL).dump(value)
+    return buffer.getvalue()
+
+
+def pack(fn, args: tuple, kwargs: dict) -> bytes:
+    """The call `fn(rank, world_size, *args, **kwargs)` as bytes; what does not pickle is named."""
+    try:
+        return dumps((fn, args, kwargs))
+    except Exception as error:
+        raise TypeError(f"{_culprit(fn, args, kwargs)} cannot be sent to the ranks "
+                        f"({type(error).__name__}: {error}). Only what pickles reaches a rank "
+                        "process: create locks, open files and process groups on the rank, "
+                        "inside the rank function.") from error
+
+
+def _culprit(fn, args: tuple, kwargs: dict) -> str:
+    """Which part of a call does not pickle, in words: an argument by name, or the function."""
+    target = fn.func if isinstance(fn, functools.partial) else fn
+    name = getattr(target, "__qualname__", repr(fn))
+    try:
+        named = inspect.signature(fn).bind_partial(0, 1, *args, **kwargs).arguments
+        named = dict(list(named.items())[2:])  # not rank and world_size: the ranks fill them
+    except (TypeError, ValueError):
+        named = {**{f"args[{i}]": a for i, a in enumerate(args)}, **kwargs}
+    for key, value in named.items():
+        if not _pickles(value):
+            return f"argument {key!r} of {name} (a {type(value).__name__})"
+    return f"fn={name} (a global, default or closure variable it uses)"
+
+
+def _pickles(value) -> bool:
+    try:
+        dumps(value)
+    except Exception:
+        return False
+    return True
+
+
+# "  File "<path>", line 3, in f", with the '|' margins of an exception group's members.
+_FRAME = re.compile(r'^(?P<indent>[ |]*)File "(?P<file>[^"]+)", line (?P<line>\d+), in ')
+
+
+def with_cell_lines(text: str) -> str:
+    """A rank's traceback with the source line of every frame the rank could not read (a
+    cell's) put back from this process's line cache."""
+    lines = text.splitlines(keepends=True)
+    out = []
+    for i, line in enumerate(lines):
+        out.append(line)
+        frame = _FRAME.match(line)
+        following = lines[i + 1] if i + 1 < len(lines) else ""
+        if frame and not following.startswith(frame["indent"] + "  "):
+            source = linecache.getline(frame["file"], int(frame["line"])).strip()
+            if source:
+                out.append(f"{frame['indent']}  {source}\n")
+    return "".join(out)
