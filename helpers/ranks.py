@@ -14,7 +14,7 @@ This module is the name readers import; the code lives in helpers.launch, one co
                                                  helpers.launch.host
     check_world_size, check_rank_function, check_timeout, MAX_TIMEOUT_S
                                                  helpers.launch.checks
-    pack, with_cell_lines (cells by value, cloudpickle)
+    pack, with_cell_lines (cells by value, cloudpickle; stale modules)
                                                  helpers.launch.shipping
     the rank side and the launcher               helpers.launch.worker
     process handles, kill and reap, folders      helpers.launch.process

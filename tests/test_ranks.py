@@ -11,6 +11,7 @@ import sys
 import tempfile
 import threading
 import time
+from unittest.mock import ANY
 
 import pytest
 import torch
@@ -587,6 +588,25 @@ def test_cell_lines_are_put_back_from_this_process(monkeypatch):
     shown = shipping.with_cell_lines(remote)
     assert shown == remote.replace("fails\n", "fails\n    raise ValueError(x)\n")
     assert shipping.with_cell_lines(shown) == shown  # a line already there is not repeated
+
+
+def test_module_files_are_stamped_when_first_seen_and_a_change_is_seen(tmp_path, monkeypatch):
+    (tmp_path / "student_module_a.py").write_text("VALUE = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    seen = set(sys.modules)
+    import student_module_a  # noqa: F401
+    try:
+        stamps = shipping.new_module_files(seen)
+        path = os.path.realpath(tmp_path / "student_module_a.py")
+        assert list(stamps) == [path] and shipping.new_module_files(seen) == {}
+        assert shipping.changed_files(stamps) == []
+        (tmp_path / "student_module_a.py").write_text("VALUE = 22\n")
+        assert shipping.changed_files(stamps) == [path]
+    finally:
+        del sys.modules["student_module_a"]
+    # The standard library's and installed packages' modules are never counted.
+    assert shipping.new_module_files(set(sys.modules) - {"json", "torch", "helpers.launch.live"}) \
+        == {os.path.realpath(launch_live.__file__): ANY}
 
 
 # -- a bounded number of rank processes ---------------------------------------------------------

@@ -197,6 +197,26 @@ def notices(got) -> list[str]:
     return [line for line in got["stderr"].splitlines() if line.startswith("helpers.ranks:")]
 
 
+def test_an_edited_module_restarts_the_ranks_and_every_rank_runs_it(cells):
+    kc, folder = cells
+    module = folder / "student_ranks.py"
+    source = "def version(rank, world_size):\n    return {!r}\n"
+    module.write_text(source.format("v1"))
+    got = execute(kc, "%load_ext autoreload\n%autoreload 2\nimport student_ranks")
+    assert got["ename"] is None, got
+    assert value(kc, "cells.run(student_ranks.version)") == ["v1", "v1"]
+    module.write_text(source.format("v22"))  # another size: no doubt the file changed
+    got = execute(kc, "print(json.dumps(cells.run(student_ranks.version)))")
+    assert json.loads(got["stdout"]) == ["v22", "v22"]
+    assert len(notices(got)) == 1 and "student_ranks.py changed on disk" in notices(got)[0]
+    # The case: edited, then resized, the ranks ran ['v22', 'v22', 'v333'].
+    module.write_text(source.format("v333"))
+    got = execute(kc, "print(json.dumps(cells.resize(3).run(student_ranks.version)))")
+    assert json.loads(got["stdout"]) == ["v333"] * 3 and len(notices(got)) == 1
+    got = execute(kc, "print(json.dumps(cells.resize(2).run(student_ranks.version)))")
+    assert json.loads(got["stdout"]) == ["v333"] * 2 and notices(got) == []
+
+
 CELLS = [
     "import dataclasses\n@dataclasses.dataclass\nclass Point:\n    x: int\n    y: int",
     "SCALE = 10\ndef helper(value):\n    return value * SCALE",

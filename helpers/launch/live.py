@@ -11,6 +11,8 @@ Why it is built this way:
   environment says, unless the reader asks for `multi_node=True` (helpers.launch.host).
 * The call crosses as cloudpickle bytes (helpers.launch.shipping): a function typed into a
   cell goes by value, one from a module by name; what cannot cross fails before any start.
+* Each call first checks the module files the ranks imported: one changed on disk since
+  means fresh ranks, so no rank runs old code and all run the same.
 * Every request carries an id and every reply is matched to it; a call that was cut short
   (an error, a timeout, an interrupt) marks the ranks dirty and they are killed, then reaped,
   with interrupts held back (helpers.launch.process), so the next call always starts from a
@@ -44,7 +46,7 @@ from helpers.launch.errors import RankError, RankTimeoutError, describe_exit
 from helpers.launch.host import max_cpu_world_size, pin_transports, resolve_backend
 from helpers.launch.process import (POLL_S, Launcher, RankProcess, kill_all, private_folder,
                                     sigint_deferred)
-from helpers.launch.shipping import pack, with_cell_lines
+from helpers.launch.shipping import changed_files, pack, shown_path, with_cell_lines
 
 # Most rank processes one kernel keeps alive at once (None: `max_cpu_world_size()`).
 LIVE_RANK_LIMIT: int | None = None
@@ -150,6 +152,8 @@ class LiveRanks:
         self._generation = 0
         self._requests = itertools.count(1)  # request 0 is each rank's "ready"
         self._dirty = False            # a call is running, or was cut short
+        # {file: (mtime, size)} of the reader's and the project's modules the ranks imported
+        self._module_files: dict[str, tuple[int, int]] = {}
         self._lock = threading.RLock()
         self._last_used = 0
         # Close on garbage collection and at interpreter exit, whichever comes first. (The
@@ -181,6 +185,7 @@ class LiveRanks:
             try:
                 if self._dirty:  # an earlier call was cut short: its ranks' state is unknown
                     self._teardown()
+                self._restart_if_stale()
                 self._dirty = True
                 self._ensure_group()
                 replies = self._exchange(self._ranks[:self._world_size], "run", (payload,), what)
@@ -191,6 +196,17 @@ class LiveRanks:
                 self._teardown()
                 raise
         return [_unpickle(rank, data, what) for rank, data in enumerate(replies)]
+
+    def _restart_if_stale(self) -> None:
+        """Ranks keep the modules they imported: when one of the reader's or the project's
+        module files they loaded changed on disk, stop them all (the next start imports the
+        file as it is now), so no rank runs old code and all run the same."""
+        changed = changed_files(self._module_files)
+        if changed and self._ranks:
+            more = f" and {len(changed) - 1} more" if len(changed) > 1 else ""
+            _notice(f"{shown_path(changed[0])}{more} changed on disk since the ranks started; "
+                    "starting fresh ranks so that every rank runs the code as it is now")
+            self._teardown()
 
     def close(self) -> None:
         """Stop every rank and remove the private folder; the next `run` starts afresh."""
@@ -219,6 +235,7 @@ class LiveRanks:
         with sigint_deferred():
             self._group_size = 0
             kill_all(self._ranks, self._folders, self._launchers)
+            self._module_files.clear()
             self._dirty = False
 
     def _ensure_group(self) -> None:
@@ -299,6 +316,8 @@ class LiveRanks:
                     reply = conn.recv()
                 except (EOFError, OSError):
                     raise self._died(rank, what) from None
+                for path, stamp in reply[5].items():  # the first stays, so a later edit shows
+                    self._module_files.setdefault(path, stamp)
                 if reply[0] != request:
                     continue  # stale: the answer to a request that was given up
                 del pending[conn]

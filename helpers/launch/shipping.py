@@ -1,4 +1,5 @@
-"""What crosses between the notebook and its ranks.
+"""What crosses between the notebook and its ranks, and how the notebook tells that ranks went
+stale.
 
 * `pack(fn, args, kwargs)`: a call as bytes, made in the notebook before any process starts.
   cloudpickle (what Ray, Dask and PySpark ship functions with) sends a function by reference
@@ -15,6 +16,10 @@
   names the cell's frames without their lines; the notebook has them in its `linecache`
   (IPython keeps every cell there) and puts each missing line back. (cloudpickle writes
   "<dynamic-code>" for the file of code it ships; `dumps` keeps the real name.)
+* `new_module_files(seen)` (on a rank) and `changed_files(stamps)` (in the notebook): the
+  files of the reader's and the project's modules a rank has imported (not the standard
+  library's, not installed packages'), with their modification time and size when first
+  seen; one that differs on disk now means the ranks run code that is no longer there.
 """
 from __future__ import annotations
 
@@ -22,8 +27,12 @@ import functools
 import inspect
 import io
 import linecache
+import os
 import pickle
 import re
+import site
+import sys
+import sysconfig
 import types
 from collections import ChainMap
 
@@ -110,3 +119,47 @@ def with_cell_lines(text: str) -> str:
             if source:
                 out.append(f"{frame['indent']}  {source}\n")
     return "".join(out)
+
+
+@functools.lru_cache(maxsize=1)
+def _installed_folders() -> tuple[str, ...]:
+    paths = sysconfig.get_paths()
+    folders = {paths[key] for key in ("stdlib", "platstdlib", "purelib", "platlib") if key in paths}
+    folders.update(getattr(site, "getsitepackages", list)())
+    folders.add(site.getusersitepackages())
+    return tuple(os.path.join(os.path.realpath(f), "") for f in folders if f)
+
+
+def _stamp(path: str) -> tuple[int, int] | None:
+    try:
+        stat = os.stat(path)
+    except OSError:
+        return None
+    return stat.st_mtime_ns, stat.st_size
+
+
+def new_module_files(seen: set) -> dict[str, tuple[int, int]]:
+    """{file: (mtime, size)} of the reader's and the project's modules imported since the last
+    look (`seen` holds the module names already looked at, and is updated)."""
+    found = {}
+    for name in [n for n in list(sys.modules) if n not in seen]:
+        seen.add(name)
+        path = getattr(sys.modules.get(name), "__file__", None)
+        if not isinstance(path, str):
+            continue
+        path = os.path.realpath(path)
+        stamp = _stamp(path)
+        if stamp is not None and not path.startswith(_installed_folders()):
+            found[path] = stamp
+    return found
+
+
+def changed_files(stamps: dict[str, tuple[int, int]]) -> list[str]:
+    """The files whose modification time or size differs from `stamps` now (or that are gone)."""
+    return [path for path, stamp in stamps.items() if _stamp(path) != stamp]
+
+
+def shown_path(path: str) -> str:
+    """`path` relative to the working folder when it lies inside it (as a reader names it)."""
+    relative = os.path.relpath(path)
+    return path if relative.startswith(os.pardir) else relative

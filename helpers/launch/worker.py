@@ -1,6 +1,7 @@
 """The rank side: a process that joins a process group and runs whatever the notebook sends.
 
-Messages are (request id, kind, args); replies are (request id, status, data, out, err).
+Messages are (request id, kind, args); replies are (request id, status, data, out, err,
+module files).
 A rank starts in one of two ways, both from a boot string run as `python -c`:
 * `LAUNCHER_BOOT` starts a launcher (Linux): it imports torch once, then forks a rank per
   request, so a rank starts in tens of milliseconds instead of importing torch again (about
@@ -18,6 +19,9 @@ Why a rank is built this way:
 * It prints into a buffer that goes back with the reply; the notebook prints every rank's
   output once, in rank order.
 * It ignores SIGINT: the notebook decides what an interrupt kills.
+* Every reply lists the reader's and the project's module files it imported since the last
+  one (helpers.launch.shipping), so the notebook can tell when the code it runs changed on
+  disk.
 """
 from __future__ import annotations
 
@@ -38,7 +42,7 @@ import traceback
 from datetime import timedelta
 
 from helpers.launch.host import threads_per_rank
-from helpers.launch.shipping import dumps
+from helpers.launch.shipping import dumps, new_module_files
 
 _OP_SLOT_BYTES = 64
 # The process-group timeout used for timeout=None: long enough never to matter in a course.
@@ -177,13 +181,14 @@ def _rank_main(config: dict) -> None:
     _publish_current_op(OpSlot(config["op_path"]))
     torch.set_num_interop_threads(1)
     index = config["index"]
-    conn.send((0, "ok", None, "", ""))  # request 0: "ready"
+    seen: set[str] = set()  # modules whose files were reported (see new_module_files)
+    conn.send((0, "ok", None, "", "", new_module_files(seen)))  # request 0: "ready"
     while True:
         try:
             request, kind, args = conn.recv()
         except (EOFError, OSError):
             return
-        conn.send((request, *_handle(index, kind, args)))
+        conn.send((request, *_handle(index, kind, args), new_module_files(seen)))
 
 
 def _launcher_main(config: dict) -> None:
