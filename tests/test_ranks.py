@@ -15,6 +15,7 @@ from unittest.mock import ANY
 
 import pytest
 import torch
+import torch.distributed as dist
 
 from helpers import ranks
 from helpers.launch import host, process, shipping
@@ -607,6 +608,29 @@ def test_module_files_are_stamped_when_first_seen_and_a_change_is_seen(tmp_path,
     # The standard library's and installed packages' modules are never counted.
     assert shipping.new_module_files(set(sys.modules) - {"json", "torch", "helpers.launch.live"}) \
         == {os.path.realpath(launch_live.__file__): ANY}
+
+
+def leaves_a_group(rank, world_size, keep):
+    group = dist.new_group(list(range(world_size)))
+    if keep:
+        KEPT_GROUPS.append(group)  # a rank-side cache, as helpers.labs.layouts keeps
+    return len(dist.distributed_c10d._world.pg_map)
+
+
+def group_count(rank, world_size):
+    return len(dist.distributed_c10d._world.pg_map)
+
+
+KEPT_GROUPS = []
+
+
+def test_a_sub_group_left_behind_is_destroyed_and_a_kept_one_stays(live):
+    live.resize(2)
+    before = live.run(group_count)
+    assert live.run(leaves_a_group, False) == [before[0] + 1] * 2
+    assert live.run(group_count) == before
+    assert live.run(leaves_a_group, True) == [before[0] + 1] * 2
+    assert live.run(group_count) == [before[0] + 1] * 2
 
 
 # -- a bounded number of rank processes ---------------------------------------------------------

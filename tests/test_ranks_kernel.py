@@ -246,3 +246,34 @@ def test_functions_typed_into_cells_run_on_the_ranks(cells):
                       "\n    print(error)")
     assert "argument 'lock' of locked (a lock) cannot be sent to the ranks" in got["stdout"]
     assert value(kc, "[rank_children(), launchers()]") == [ranks_before, launchers_before]
+
+
+GROUP_CELLS = [
+    "import torch, torch.distributed as dist\n"
+    "def tutorial(rank, world_size):\n    t = torch.ones(1)\n    dist.all_reduce(t)\n"
+    "    dist.destroy_process_group()\n    return t.item()",
+    "def gathered(rank, world_size):\n    out = [torch.zeros(1) for _ in range(world_size)]\n"
+    "    dist.all_gather(out, torch.tensor([float(rank)]))\n"
+    "    return [dist.get_rank(), [int(o) for o in out]]",
+    "def reform(rank, world_size, path):\n    dist.destroy_process_group()\n"
+    "    dist.init_process_group('gloo', store=dist.FileStore(path, world_size),\n"
+    "                            rank=world_size - 1 - rank, world_size=world_size)\n"
+    "    return dist.get_rank()",
+]
+
+
+def test_the_default_group_destroyed_or_replaced_by_a_rank_function_is_the_labs_again(
+        cells, tmp_path):
+    kc, _ = cells
+    for cell in GROUP_CELLS:
+        assert execute(kc, cell)["ename"] is None
+    right = [[0, [0, 1]], [1, [0, 1]]]
+    got = execute(kc, "print(json.dumps(cells.resize(2).run(tutorial)))")
+    assert json.loads(got["stdout"]) == [2.0, 2.0]
+    assert len(notices(got)) == 1 and "tutorial destroyed the default process group" in got["stderr"]
+    assert value(kc, "cells.run(gathered)") == right  # the next, innocent call works
+    got = execute(kc, f"print(json.dumps(cells.run(reform, {str(tmp_path / 'store')!r})))")
+    assert json.loads(got["stdout"]) == [1, 0]
+    assert len(notices(got)) == 1 and "reform replaced the default process group" in got["stderr"]
+    got = execute(kc, "print(json.dumps(cells.run(gathered)))")
+    assert json.loads(got["stdout"]) == right and notices(got) == []  # not [[1, [1, 0]], ...]

@@ -13,6 +13,8 @@ Why it is built this way:
   cell goes by value, one from a module by name; what cannot cross fails before any start.
 * Each call first checks the module files the ranks imported: one changed on disk since
   means fresh ranks, so no rank runs old code and all run the same.
+* After each call the lab's process group is the default one again: a function that
+  destroyed or replaced it gets the lab's back before the next call (see worker._tidy_groups).
 * Every request carries an id and every reply is matched to it; a call that was cut short
   (an error, a timeout, an interrupt) marks the ranks dirty and they are killed, then reaped,
   with interrupts held back (helpers.launch.process), so the next call always starts from a
@@ -152,6 +154,7 @@ class LiveRanks:
         self._generation = 0
         self._requests = itertools.count(1)  # request 0 is each rank's "ready"
         self._dirty = False            # a call is running, or was cut short
+        self._one_call = False         # spawn's: its ranks end with the call
         # {file: (mtime, size)} of the reader's and the project's modules the ranks imported
         self._module_files: dict[str, tuple[int, int]] = {}
         self._lock = threading.RLock()
@@ -190,12 +193,27 @@ class LiveRanks:
                 self._ensure_group()
                 replies = self._exchange(self._ranks[:self._world_size], "run", (payload,), what)
                 self._dirty = False
+                self._reclaim_group([group for _, group in replies], _name(fn))
             except BaseException:
                 # An error on a rank, a timeout or an interrupt may leave ranks blocked in a
                 # collective: tear all of them down; the next call starts afresh.
                 self._teardown()
                 raise
-        return [_unpickle(rank, data, what) for rank, data in enumerate(replies)]
+        return [_unpickle(rank, data, what) for rank, (data, _) in enumerate(replies)]
+
+    def _reclaim_group(self, groups: list[str | None], name: str) -> None:
+        """After a call whose function destroyed the lab's default process group (the last
+        line of every mp.spawn tutorial) or replaced it with its own on some rank: the next
+        call forms the lab's group again first, so it neither fails nor runs in the wrong
+        group. One line says so (not for `spawn`: its ranks end with the call)."""
+        changed = sorted({g for g in groups if g})
+        if not changed:
+            return
+        self._group_size = 0  # _ensure_group leaves whatever group is left and forms the lab's
+        if not self._one_call:
+            where = ", ".join(str(r) for r, g in enumerate(groups) if g)
+            _notice(f"{name} {' and '.join(changed)} the default process group (rank(s) {where}); "
+                    "the next call forms the lab's group again and runs in it")
 
     def _restart_if_stale(self) -> None:
         """Ranks keep the modules they imported: when one of the reader's or the project's
@@ -388,4 +406,5 @@ def spawn(fn: Callable, world_size: int, *args, backend: str = "auto",
     inside a process group, tear everything down, and return the results in rank order."""
     check_rank_function(fn)
     with LiveRanks(world_size, backend=backend, timeout=timeout, multi_node=multi_node) as ranks:
+        ranks._one_call = True
         return ranks.run(fn, *args, **kwargs)

@@ -22,6 +22,9 @@ Why a rank is built this way:
 * Every reply lists the reader's and the project's module files it imported since the last
   one (helpers.launch.shipping), so the notebook can tell when the code it runs changed on
   disk.
+* The process group the lab formed stays the default one (`_tidy_groups`): after a call, a
+  rank reports whether the function destroyed or replaced it (the notebook forms the lab's
+  again), and destroys the sub-groups it created and left behind.
 """
 from __future__ import annotations
 
@@ -47,6 +50,8 @@ from helpers.launch.shipping import dumps, new_module_files
 _OP_SLOT_BYTES = 64
 # The process-group timeout used for timeout=None: long enough never to matter in a course.
 _NO_TIMEOUT = timedelta(days=365)
+# The default process group this rank's lab formed ("group"), to tell it from a student's.
+_LAB: dict = {}
 
 _COLLECTIVES = (
     "broadcast", "all_reduce", "reduce", "all_gather", "all_gather_into_tensor", "gather",
@@ -143,6 +148,7 @@ def _init_group(index: int, world_size: int, store_path: str, backend: str,
     store = dist.FileStore(store_path, world_size)
     dist.init_process_group(backend, store=store, rank=index, world_size=world_size,
                             timeout=_NO_TIMEOUT if timeout is None else timedelta(seconds=timeout))
+    _LAB["group"] = dist.group.WORLD
 
 
 def _leave_group(index: int) -> None:
@@ -151,10 +157,48 @@ def _leave_group(index: int) -> None:
         dist.destroy_process_group()
 
 
-def _run_function(index: int, payload: bytes) -> bytes:
+def _run_function(index: int, payload: bytes) -> tuple[bytes, str | None]:
+    """(the pickled result, what became of the lab's default group: see `_tidy_groups`)."""
     import torch.distributed as dist
+    from torch.distributed import distributed_c10d as c10d
     fn, args, kwargs = pickle.loads(payload)
-    return dumps(_to_cpu(fn(index, dist.get_world_size(), *args, **kwargs)))
+    before = set(c10d._world.pg_map)
+    result = dumps(_to_cpu(fn(index, dist.get_world_size(), *args, **kwargs)))
+    return result, _tidy_groups(before)
+
+
+def _tidy_groups(before: set) -> str | None:
+    """After a rank function returned: "destroyed" or "replaced" when it did that to the lab's
+    default group (the notebook forms the lab's again before the next call), else None. The
+    sub-groups it created that nothing but torch's own registry refers to any more are
+    destroyed (each holds connections to its peers); one it kept (in a rank-side cache, as
+    helpers.labs.layouts keeps its layouts' groups) stays."""
+    import torch.distributed as dist
+    from torch.distributed import distributed_c10d as c10d
+    if not dist.is_initialized():
+        return "destroyed"
+    if dist.group.WORLD is not _LAB.get("group"):
+        return "replaced"
+    for group in _abandoned([g for g in c10d._world.pg_map if g not in before]):
+        dist.destroy_process_group(group)
+    return None
+
+
+def _abandoned(groups: list) -> list:
+    """The groups of `groups` that only torch's registry and this list refer to."""
+    import gc
+    import types
+    from torch.distributed import distributed_c10d as c10d
+    if not groups:
+        return []
+    # torch's own containers: c10d's module-level tables (_pg_map, _pg_names, ...), the
+    # _World's, and the lists of tags_to_pg.
+    tables = [*vars(c10d).values(), *vars(c10d._world).values()]
+    registry = [t for t in tables if type(t) in (dict, list)]  # type(): no deprecated getattr
+    registry += list(c10d._world.tags_to_pg.values())
+    ours = {id(c) for c in registry} | {id(groups)}
+    return [g for g in groups
+            if all(id(r) in ours or isinstance(r, types.FrameType) for r in gc.get_referrers(g))]
 
 
 _HANDLERS = {"init": _init_group, "leave": _leave_group, "run": _run_function}
