@@ -197,8 +197,21 @@ def _abandoned(groups: list) -> list:
     registry = [t for t in tables if type(t) in (dict, list)]  # type(): no deprecated getattr
     registry += list(c10d._world.tags_to_pg.values())
     ours = {id(c) for c in registry} | {id(groups)}
-    return [g for g in groups
-            if all(id(r) in ours or isinstance(r, types.FrameType) for r in gc.get_referrers(g))]
+    named = _names_in_device_meshes()  # a DeviceMesh keeps its groups by name, not by reference
+    return [g for g in groups if c10d._get_process_group_name(g) not in named
+            and all(id(r) in ours or isinstance(r, types.FrameType) for r in gc.get_referrers(g))]
+
+
+def _names_in_device_meshes() -> set:
+    """The names of the groups any live DeviceMesh uses (torch keeps meshes of its own, for
+    reuse by a later `init_device_mesh`): destroying one breaks the next call that meets it."""
+    import gc
+    import sys
+    mesh_module = sys.modules.get("torch.distributed.device_mesh")
+    if mesh_module is None:  # no mesh was ever made on this rank
+        return set()
+    meshes = (o for o in gc.get_objects() if isinstance(o, mesh_module.DeviceMesh))
+    return {name for mesh in meshes for name in getattr(mesh, "_dim_group_names", ())}
 
 
 _HANDLERS = {"init": _init_group, "leave": _leave_group, "run": _run_function}
