@@ -17,10 +17,10 @@ import sys
 
 from helpers.checks import check_int
 from helpers.cost import bench as cost
-from helpers.cost.alpha_beta import OPS
+from helpers.cost.alpha_beta import COST_MODELS
 from helpers.labs import bench as lab
 from helpers.run import pin_transports_to_loopback_if_single_machine
-from helpers.timing import format_seconds
+from helpers.units import format_seconds
 
 RESULT_KEYS = ("op", "bytes", "time_s", "algbw_GBps", "busbw_GBps", "predicted_s", "rel_error")
 
@@ -31,7 +31,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--world-size", type=int, default=None,
                         help="ranks (default 2; under torchrun, its WORLD_SIZE)")
     parser.add_argument("--ops", nargs="+", default=["all_reduce"], metavar="OP",
-                        help=f"operations, from {', '.join(sorted(OPS))} (default all_reduce)")
+                        help=f"operations, from {', '.join(sorted(COST_MODELS))} (default all_reduce)")
     parser.add_argument("--sizes", nargs="+", default=None, metavar="SIZE",
                         help="message sizes in bytes, e.g. 4096 4KiB 1MiB "
                              "(default 1 KiB to 16 MiB by 4x; --full: 1 KiB to 256 MiB by 2x)")

@@ -44,7 +44,7 @@ def main(argv=None) -> dict:
           + f"; p2p α = {1e3 * cal.send_recv.alpha_s:.2f} ms; slowest replica late by "
           + ", ".join(f"{x:.0%} (d={d})" for d, x in cal.lateness.items()))
     print(f"load average (1, 5, 15 min): before {load_before}, after {os.getloadavg()}")
-    record = summary(comparisons)
+    record = summary(comparisons).as_json()
     print(json.dumps(record))
     return record
 

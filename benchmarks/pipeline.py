@@ -32,7 +32,7 @@ def main() -> int:
         for schedule in COMPARED:
             for p in PS:
                 for m in MS:
-                    runs = [run_pipeline(schedule, p, m, ranks=ranks, mode="wait", t_f=T_F)
+                    runs = [run_pipeline(ranks, schedule, p, m, mode="wait", t_f=T_F)
                             for _ in range(REPEAT)]
                     measured = statistics.median(r.bubble_measured for r in runs)
                     theory = runs[0].bubble_theory

@@ -43,6 +43,31 @@ def check_choice(name: str, value: Any, choices: Iterable) -> Any:
     return value
 
 
+def shorten(text: str, limit: int = 80) -> str:
+    """Input quoted in a message: non-printing characters (a terminal's escape codes, lone
+    surrogates, line breaks) as escapes, cut to at most `limit` characters."""
+    text = "".join(c if c.isprintable() else ascii(c)[1:-1] for c in text)
+    return text if len(text) <= limit else text[:limit - 1] + "…"
+
+
+def check_that(holds: bool, name: str, allowed: str, value: Any) -> None:
+    """The general check, for what the others cannot say: ValueError unless `holds`. The value
+    is quoted short and printable (it may come from a file or a command line)."""
+    if not holds:
+        raise ValueError(f"{name} must be {allowed}, got {shorten(repr(value))}")
+
+
+def is_number(value: Any) -> bool:
+    """A real number a float can hold: an int or float, not a bool, not NaN (a JSON integer
+    of 400 digits is not one)."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return False
+    try:
+        return not math.isnan(float(value))
+    except OverflowError:
+        return False
+
+
 def check_divisible(name: str, value: int, by: int, why: str) -> int:
     """value % by == 0; `why` says what the division is for (e.g. "t ranks share the columns")."""
     if value % by:

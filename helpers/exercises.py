@@ -1,4 +1,5 @@
-"""Checked exercises: each `check_*` says right or wrong and why, so a reader can test an answer alone."""
+"""Checked exercises: each `grade_*` takes a reader's answer and returns a `Verdict`, right or
+not yet and why, so a reader can test an answer alone. In the order of the notebooks."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -6,40 +7,44 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class Verdict:
+    """A grader's answer: `right`, and `why` (the working when right, a hint when not). It reads
+    the same printed or shown as a cell's value: "✓ right: …" or "✗ not yet: …"."""
     right: bool
     why: str
+
     def __str__(self) -> str:
         return ("✓ right: " if self.right else "✗ not yet: ") + self.why
-    def _repr_markdown_(self) -> str:
-        return str(self)
+
+    __repr__ = __str__
+
 
 def close_to(answer: float, expected: float, rel: float = 0.02) -> bool:
     return abs(answer - expected) <= rel * abs(expected)
 
 
-# --- notebooks 00 and 01 ----------------------------------------------------------------------
-
-def numeric_verdict(answer: float, expected: float, right: str,
-                    mistakes: tuple[tuple[float, str], ...], otherwise: str) -> Verdict:
-    """Right if `answer` is close to `expected`; else the hint of the first known mistake
-    (a value it is close to), else `otherwise`."""
-    if close_to(answer, expected):
+def judge(answer, expected, right: str, mistakes: tuple[tuple[float, str], ...],
+          otherwise: str, *, exact: bool = False) -> Verdict:
+    """Right if `answer` equals `expected` (`exact`) or is within 2 % of it; else the hint of the
+    first known mistake it matches (a usual wrong value and what it means), else `otherwise`."""
+    same = (lambda a, b: a == b) if exact else close_to
+    if same(answer, expected):
         return Verdict(True, right)
     for value, hint in mistakes:
-        if close_to(answer, value):
+        if same(answer, value):
             return Verdict(False, hint)
     return Verdict(False, otherwise)
 
 
-# --- notebook 00: the hardware hierarchy ----------------------------------------------------
 
-def check_hardware_ridge(answer: float) -> Verdict:
+# --- notebook 00: the hardware hierarchy ---
+
+def grade_hardware_ridge(answer: float) -> Verdict:
     """Exercise: the A100 SXM's ridge point, in FLOP per byte (dense bf16 peak over HBM)."""
     from helpers.cost.roofline import published
     a100 = published("A100 SXM")
     why = (f"{a100.peak_flops / 1e12:.0f} TFLOP/s ÷ {a100.memory_Bps / 1e12:.3f} TB/s = "
            f"{a100.ridge:.0f} FLOP/byte")
-    return numeric_verdict(
+    return judge(
         answer, a100.ridge,
         why + ": a kernel needs that many FLOPs per byte it moves to keep the A100's arithmetic busy.",
         ((a100.memory_Bps / a100.peak_flops,
@@ -48,7 +53,7 @@ def check_hardware_ridge(answer: float) -> Verdict:
         "ROOFLINE_PEAKS).")
 
 
-def check_hardware_compute_bound_n(answer: int) -> Verdict:
+def grade_hardware_compute_bound_n(answer: int) -> Verdict:
     """Exercise: the smallest n for which an n×n×n bf16 matmul is compute-bound on an H100."""
     from helpers.cost.roofline import bound, matmul_intensity, published
     h100 = published("H100 SXM")
@@ -68,7 +73,7 @@ def check_hardware_compute_bound_n(answer: int) -> Verdict:
                    " but not the smallest such n: solve n/3 ≥ ridge.")
 
 
-def check_hardware_send_time(answer: float) -> Verdict:
+def grade_hardware_send_time(answer: float) -> Verdict:
     """Exercise: seconds to send 16 GB (8 billion bf16 parameters) from one H100 to a GPU in
     another node, one way, over its own InfiniBand NDR link."""
     from helpers.hierarchy import level
@@ -76,7 +81,7 @@ def check_hardware_send_time(answer: float) -> Verdict:
     seconds = 16e9 / ib.bandwidth_Bps
     why = (f"16 GB ÷ {ib.bandwidth_Bps / 1e9:.0f} GB/s = {seconds:.2f} s (the 5 µs latency is "
            f"negligible); over NVLink inside the node it would be {16e9 / nvlink.bandwidth_Bps:.3f} s")
-    return numeric_verdict(
+    return judge(
         answer, seconds, why + ".",
         ((seconds / 2, "that uses 100 GB/s, the link's two directions added; one way is half "
                        "of that."),),
@@ -84,7 +89,7 @@ def check_hardware_send_time(answer: float) -> Verdict:
         "hierarchy.table('H100 SXM').")
 
 
-# --- notebook 01: collectives ---------------------------------------------------------------
+# --- notebook 01: collectives ---
 
 def _as_list(answer) -> list[float]:
     if isinstance(answer, (int, float)):
@@ -92,28 +97,28 @@ def _as_list(answer) -> list[float]:
     return [float(v) for v in (answer.tolist() if hasattr(answer, "tolist") else answer)]
 
 
-def check_collectives_reduce_scatter(answer) -> Verdict:
+def grade_collectives_reduce_scatter(answer) -> Verdict:
     """Exercise: 8 ranks, rank r holds arange(8) + r; what does rank 3 hold after a
     reduce-scatter (sum)?"""
     from helpers.labs.collectives import expected
-    want = expected("reduce_scatter", 8, 8)[3]["after"].tolist()
+    want = expected("reduce_scatter", 8, 8)[3].after.tolist()
     got = _as_list(answer)
     why = (f"element 3 summed over the 8 ranks is 8·3 + (0+1+…+7) = {want[0]:g}; "
            "rank 3 keeps chunk 3 of the sum, and with 8 elements on 8 ranks a chunk is one element")
     if got == want:
         return Verdict(True, why + ".")
-    if got == expected("all_reduce", 8, 8)[3]["after"].tolist():
+    if got == expected("all_reduce", 8, 8)[3].after.tolist():
         return Verdict(False, "that is the all-reduce result; a reduce-scatter leaves each rank "
                        "only its own chunk of it.")
     return Verdict(False, f"{got} is not it: sum element 3 over all ranks (rank r holds 3 + r "
                    "there).")
 
 
-def check_collectives_all_to_all(answer) -> Verdict:
+def grade_collectives_all_to_all(answer) -> Verdict:
     """Exercise: 4 ranks, rank r holds 10r + [0, 1, 2, 3]; what does rank 2 hold after an
     all-to-all?"""
     from helpers.labs.collectives import expected
-    want = expected("all_to_all", 4, 4)[2]["after"].tolist()
+    want = expected("all_to_all", 4, 4)[2].after.tolist()
     got = _as_list(answer)
     why = f"rank 2 receives chunk 2 of every rank, in rank order: {[int(v) for v in want]}"
     if got == want:
@@ -125,98 +130,80 @@ def check_collectives_all_to_all(answer) -> Verdict:
                    "[0, 1, 2, 3]) to rank 2.")
 
 
-def check_collectives_ring_bytes(answer: float) -> Verdict:
+def grade_collectives_ring_bytes(answer: float) -> Verdict:
     """Exercise: a ring all-reduce of a 1 GB buffer on 8 ranks; how many GB does each rank
     send?"""
-    from helpers.cost.alpha_beta import OPS
-    factor = OPS["all_reduce"].bus_factor(8)
+    from helpers.cost.alpha_beta import COST_MODELS
+    factor = COST_MODELS["all_reduce"].bus_factor(8)
     half = "that is one half (a reduce-scatter or an all-gather); the all-reduce is both."
     right = (f"reduce-scatter sends 7 chunks of 1/8 GB, then all-gather 7 more: 2·(p−1)/p = "
              f"{factor:g} GB per rank, nearly twice the buffer however many ranks there are.")
     hint = (f"{answer:g} GB is not it: count the chunks each rank sends in the reduce-scatter, "
             "then in the all-gather.")
-    return numeric_verdict(answer, factor, right, ((factor / 2, half),), hint)
+    return judge(answer, factor, right, ((factor / 2, half),), hint)
 
 
-# --- notebook 06: the cost simulator ----------------------------------------------------
+# --- notebook 02: benchmarking collectives ---
 
-def _gtx580_blog_point():
-    """The grid model nearest Epoch's 1e26 FLOP and the GTX 580's 3-month numbers."""
-    import math
-
-    from helpers.hardware import GTX_580
-    from helpers.simulator.scaling import grid
-    from helpers.simulator.settings import Settings
-
-    s = Settings()
-    model = min(grid(s), key=lambda m: abs(math.log(m.C / 1e26)))
-    return model, GTX_580, s.duration_s
-
-
-def check_simulator_latency_floor(answer: float, point) -> Verdict:
-    """Seconds of one step that are the fixed latency of the matmuls, for `point` (a curve
-    point with a plan): 6 matmuls × (L / PP) layers × (E / EP) experts × m micro-batches ×
-    the GPU's latency per matmul."""
-    q, m = point.plan, point.model
-    expected = point.matmul_latency_s
-    count = 6 * (m.L // q.pp) * (m.s // q.ep) * q.m
-    if close_to(answer, expected):
-        return Verdict(True, f"{count} matmuls in a row on one stage × "
-                       f"{point.latency_per_matmul_s * 1e6:g} µs = {expected:.3g} s of a "
-                       f"{q.time.step:.3g} s step.")
-    return Verdict(False, f"count the matmuls one stage runs in sequence: 6 per layer and "
-                   f"micro-batch, L/PP = {m.L // q.pp} layers, m = {q.m} micro-batches; each "
-                   f"costs the fixed latency ({point.latency_per_matmul_s * 1e6:g} µs) "
-                   f"(got {answer:.3g} s).")
+def grade_bench_busbw(answer: float) -> Verdict:
+    """Exercise: an all-reduce of 400 MiB (100·1024² fp32) on 4 ranks took 2.115 ms; its
+    nccl-tests bus bandwidth in GB/s (1 GB = 10⁹ B)."""
+    from helpers.cost.alpha_beta import algbw_GBps, busbw_GBps
+    from helpers.units import GiB
+    from helpers.hierarchy import level
+    nvlink_GBps = level("H100 SXM", "NVLink").bandwidth_Bps / 1e9
+    n, p, t = 100 * 1024**2 * 4, 4, 2.115e-3
+    busbw, algbw = busbw_GBps("all_reduce", p, n, t), algbw_GBps(n, t)
+    return judge(
+        answer, busbw,
+        f"algbw n/t = {algbw:.1f} GB/s, × 2(p−1)/p = 1.5 -> {busbw:.1f} GB/s, about "
+        f"{busbw / nvlink_GBps:.0%} of NVLink 4's {nvlink_GBps:.0f} GB/s per direction.",
+        ((algbw, "that is algbw (n / t); busbw multiplies it by the all-reduce factor 2(p−1)/p."),
+         (busbw * 1e9 / GiB, "that is GiB/s (the lecture's 277): divide by 10⁹, not 1024³.")),
+        f"{answer:g} is not it: n / t in GB/s, times the factor busbw_factor('all_reduce', 4).")
 
 
-def check_simulator_min_gpus(answer: int) -> Verdict:
-    """The smallest cluster (a power of two) that could do the grid point nearest 1e26 FLOP
-    on GTX 580s in 3 months if every GPU ran at its sustained FLOP/s."""
-    import math
-
-    model, gpu, T = _gtx580_blog_point()
-    need = model.C / (T * gpu.sustained_flops)
-    expected = 2 ** math.ceil(math.log2(need))
-    if answer == expected:
-        return Verdict(True, f"C / (3 months × {gpu.sustained_flops:.3g} FLOP/s) = {need:.3g} "
-                       f"GPUs, so 2^{int(math.log2(expected))} = {expected:,}: the blog's "
-                       f"'about 16 million'. The GPU count follows from compute and time alone.")
-    return Verdict(False, f"divide C = {model.C:.3g} FLOP by the duration ({T:.4g} s) and one "
-                   f"GPU's sustained rate, then round up to a power of two (got {answer}).")
-
-
-def check_simulator_mfu_needed(answer: float) -> Verdict:
-    """The MFU at which the run nearest 1e26 FLOP takes exactly 3 months on 2^24 GTX 580s."""
-    model, gpu, T = _gtx580_blog_point()
-    expected = model.C / (2**24 * gpu.peak_flops * T)
-    bar = 0.8 * gpu.effective_utilization
-    if close_to(answer, expected):
-        return Verdict(True, f"C / (2^24 × peak {gpu.peak_flops:.4g} FLOP/s × {T:.4g} s) = "
-                       f"{expected:.3f}: any MFU above it finishes in time, but the blog's "
-                       f"'≥ 80 % of the maximum' asks for {bar:.2f}.")
-    return Verdict(False, f"MFU = C / (GPUs × peak FLOP/s × time); solve for the MFU with the "
-                   f"time set to 3 months (got {answer:.3g}).")
+def grade_bench_predict(answer_ms: float) -> Verdict:
+    """Exercise: with α = 400 µs and 1/β = 1 GB/s, the predicted time (ms) of a ring
+    all-reduce of 64 MiB on p = 4 ranks."""
+    from helpers.cost.alpha_beta import coefficients, predict
+    n, alpha, beta = 64 * 2**20, 400e-6, 1e-9
+    a, b = coefficients("all_reduce", 4)
+    expected = predict("all_reduce", 4, n, alpha, beta) * 1e3
+    return judge(
+        answer_ms, expected,
+        f"{a:g}·α + {b:g}·n·β = {a * alpha * 1e3:.1f} ms + {b * n * beta * 1e3:.1f} ms = "
+        f"{expected:.1f} ms: at 64 MiB the bytes are nearly all of it.",
+        (((alpha + n * beta) * 1e3, "that is α + n·β; a ring all-reduce pays 2(p−1) α and "
+          "2(p−1)/p · n·β."),
+         ((a * alpha + n * beta) * 1e3, "the byte term needs its factor 2(p−1)/p = 1.5 too.")),
+        f"{answer_ms:g} ms is not it: use coefficients('all_reduce', 4) and t = a·α + b·n·β.")
 
 
-# -- notebooks 03-05 ----------------------------------------------------------------------
+def grade_bench_crossover(answer_bytes: float) -> Verdict:
+    """Exercise: with α = 400 µs and 1/β = 1 GB/s, the all-reduce size n (bytes) on p = 4
+    at which the latency term equals the bandwidth term."""
+    from helpers.cost.alpha_beta import coefficients
+    alpha, beta = 400e-6, 1e-9
+    a, b = coefficients("all_reduce", 4)
+    expected = a * alpha / (b * beta)
+    return judge(
+        answer_bytes, expected,
+        f"a·α = b·n·β gives n = a·α / (b·β) = {a:g}·400 µs / ({b:g} ns/B) = {expected:.3g} B "
+        "(≈ 1.5 MiB): below it latency dominates, above it bandwidth.",
+        ((alpha / beta, "α/β ignores the coefficients: the ring pays 6 α but only 1.5 n·β at p = 4."),),
+        f"{answer_bytes:g} B is not it: solve a(p)·α = b(p)·n·β for n.")
 
-def _judge(answer: int, right: int, why: str, known: dict[int, str], otherwise: str) -> Verdict:
-    """An exact answer: right, one of the usual wrong ones (each with its explanation), or a hint."""
-    if answer == right:
-        return Verdict(True, why)
-    return Verdict(False, known.get(answer, f"{answer}: {otherwise}"))
 
+# --- notebook 03: data parallelism ---
 
-# -- notebook 03: data parallelism ------------------------------------------------------------
-
-def check_dp_ring_bytes(answer: float) -> Verdict:
+def grade_dp_ring_bytes(answer: float) -> Verdict:
     """Bytes each of d = 4 ranks sends per step to all-reduce the lecture MLP's fp32 gradients
     (Ψ = 4·1024² parameters) with a ring."""
     from helpers.configs import LECTURE
-    from helpers.cost.alpha_beta import OPS
+    from helpers.cost.alpha_beta import COST_MODELS
     gradient = LECTURE.parameters * 4  # Ψ fp32 gradients = 16 MiB
-    expected = OPS["all_reduce"].bus_factor(4) * gradient
+    expected = COST_MODELS["all_reduce"].bus_factor(4) * gradient
     if close_to(answer, expected):
         return Verdict(True, f"2(d−1)/d × 16 MiB = {expected:,.0f} B (24 MiB): a reduce-scatter "
                              "and an all-gather, each (d−1)/d of the buffer.")
@@ -226,17 +213,17 @@ def check_dp_ring_bytes(answer: float) -> Verdict:
     return Verdict(False, f"{answer:,.0f} B is not 2(d−1)/d times the 16 MiB gradient.")
 
 
-def check_dp_buckets(answer: int) -> Verdict:
+def grade_dp_buckets(answer: int) -> Verdict:
     """All-reduces per step of BucketedDDP(bucket_size_mb=12) on the lecture MLP (four 4 MiB
     weight matrices, buckets filled last layer first)."""
-    return _judge(answer, 2, "layers 3, 2, 1 fill the first bucket (12 MiB, not more than the "
-                             "cap), layer 0 goes alone in the second: 2 all-reduces.",
-                  {3: "a bucket holds gradients while their total stays ≤ 12 MiB: three 4 MiB "
-                      "layers fit exactly."},
-                  "all-reduces: count how many 4 MiB layers fit in 12 MiB.")
+    return judge(answer, 2, "layers 3, 2, 1 fill the first bucket (12 MiB, not more than the "
+                            "cap), layer 0 goes alone in the second: 2 all-reduces.",
+                 ((3, "a bucket holds gradients while their total stays ≤ 12 MiB: three 4 MiB "
+                      "layers fit exactly."),),
+                 f"{answer} all-reduces: count how many 4 MiB layers fit in 12 MiB.", exact=True)
 
 
-def check_dp_zero1_gb(answer: float) -> Verdict:
+def grade_dp_zero1_gb(answer: float) -> Verdict:
     """ZeRO-1 memory per rank (GB, 1e9 bytes) for Ψ = 7.5e9, d = 64, mixed-precision Adam
     (2 + 2 bytes of bf16 weight and gradient, K = 12 bytes of optimizer state)."""
     from helpers.cost.memory import zero_memory_per_rank
@@ -253,9 +240,9 @@ def check_dp_zero1_gb(answer: float) -> Verdict:
     return Verdict(False, f"{answer} GB: add weights and gradients (4Ψ) to the sharded 12Ψ/d.")
 
 
-# -- notebook 04: tensor parallelism ----------------------------------------------------------
+# --- notebook 04: tensor parallelism ---
 
-def check_tp_megatron_bytes(answer: float) -> Verdict:
+def grade_tp_megatron_bytes(answer: float) -> Verdict:
     """Bytes each rank sends per training step, Megatron layout, lecture MLP (L = 4, b = 128,
     h = 1024, fp32), t = 8, ring all-reduces."""
     from helpers.configs import LECTURE
@@ -272,7 +259,7 @@ def check_tp_megatron_bytes(answer: float) -> Verdict:
                           "backward) and what each sends under a ring.")
 
 
-def check_tp_comm_ratio(answer: float) -> Verdict:
+def grade_tp_comm_ratio(answer: float) -> Verdict:
     """Communication / compute per layer, α left aside, for t = 8, h = 8192, bf16 (2 bytes),
     F = 989 TFLOP/s (H100 dense bf16), W = 450 GB/s (NVLink 4)."""
     expected = (8 - 1) * 2 * 989e12 / (3 * 8192 * 450e9)
@@ -282,7 +269,7 @@ def check_tp_comm_ratio(answer: float) -> Verdict:
     return Verdict(False, f"{answer}: the ratio is (t−1)·bytes·F / (3·h·W), independent of b·s.")
 
 
-def check_tp_f_backward(answer: str) -> Verdict:
+def grade_tp_f_backward(answer: str) -> Verdict:
     """What the operator f (in front of a column-parallel layer) does in the backward pass."""
     said = answer.strip().lower().replace("_", "-").replace(" ", "-")
     if said in ("all-reduce", "allreduce"):
@@ -294,9 +281,9 @@ def check_tp_f_backward(answer: str) -> Verdict:
     return Verdict(False, f"{answer!r}: which collective sums one term per rank?")
 
 
-# -- notebook 05: pipeline parallelism --------------------------------------------------------
+# --- notebook 05: pipeline parallelism ---
 
-def check_pp_bubble(answer: float) -> Verdict:
+def grade_pp_bubble(answer: float) -> Verdict:
     """The bubble of GPipe or 1F1B with p = 8 stages and m = 24 micro-batches."""
     expected = 7 / 31
     if close_to(answer, expected):
@@ -307,80 +294,141 @@ def check_pp_bubble(answer: float) -> Verdict:
     return Verdict(False, f"{answer}: (p−1)/(m+p−1) with p = 8, m = 24.")
 
 
-def check_pp_peak_live(answer: int) -> Verdict:
+def grade_pp_peak_live(answer: int) -> Verdict:
     """Most micro-batches whose activations stage 0 holds at once under 1F1B, p = 8, m = 32."""
-    return _judge(answer, 8, "p = 8: stage 0 runs p − 1 = 7 warm-up forwards, then one more "
-                             "forward before its first backward; m does not matter.",
-                  {32: "that is GPipe (all m forwards before the first backward).",
-                   7: "7 warm-up forwards, then the steady phase starts with a forward (8 live) "
-                      "before the first backward frees one."},
-                  "count stage 0's forwards before its first backward.")
+    return judge(answer, 8, "p = 8: stage 0 runs p − 1 = 7 warm-up forwards, then one more "
+                            "forward before its first backward; m does not matter.",
+                 ((32, "that is GPipe (all m forwards before the first backward)."),
+                  (7, "7 warm-up forwards, then the steady phase starts with a forward (8 live) "
+                      "before the first backward frees one.")),
+                 f"{answer}: count stage 0's forwards before its first backward.", exact=True)
 
 
-def check_pp_interleaved_m(answer: int) -> Verdict:
+def grade_pp_interleaved_m(answer: int) -> Verdict:
     """Smallest valid m (a multiple of p) giving an interleaved bubble ≤ 0.1 at p = 4, v = 2."""
     plain = "that is what 1F1B without interleaving would need (3/(m+3) ≤ 0.1)."
-    return _judge(answer, 16, "3/(2m+3) ≤ 0.1 needs m ≥ 13.5, and m must be a multiple of p = 4: "
-                              "m = 16 (bubble 3/35 = 0.086).",
-                  {14: "3/31 ≤ 0.1 holds, but the interleaved schedule needs m to be a multiple "
-                       "of p = 4.", 24: plain, 28: plain},
-                  "solve (p−1)/(v·m+p−1) ≤ 0.1, then round up to a multiple of p.")
+    return judge(answer, 16, "3/(2m+3) ≤ 0.1 needs m ≥ 13.5, and m must be a multiple of p = 4: "
+                             "m = 16 (bubble 3/35 = 0.086).",
+                 ((14, "3/31 ≤ 0.1 holds, but the interleaved schedule needs m to be a multiple "
+                       "of p = 4."), (24, plain), (28, plain)),
+                 f"{answer}: solve (p−1)/(v·m+p−1) ≤ 0.1, then round up to a multiple of p.",
+                 exact=True)
 
 
-# --- notebook 02: benchmarking collectives --------------------------------------------------
+# --- notebook 06: the cost simulator ---
 
-def check_bench_busbw(answer: float) -> Verdict:
-    """Exercise: an all-reduce of 400 MiB (100·1024² fp32) on 4 ranks took 2.115 ms; its
-    nccl-tests bus bandwidth in GB/s (1 GB = 10⁹ B)."""
-    from helpers.cost.alpha_beta import GiB, algbw_GBps, busbw_GBps
-    from helpers.hierarchy import level
-    nvlink_GBps = level("H100 SXM", "NVLink").bandwidth_Bps / 1e9
-    n, p, t = 100 * 1024**2 * 4, 4, 2.115e-3
-    busbw, algbw = busbw_GBps("all_reduce", p, n, t), algbw_GBps(n, t)
-    return numeric_verdict(
-        answer, busbw,
-        f"algbw n/t = {algbw:.1f} GB/s, × 2(p−1)/p = 1.5 -> {busbw:.1f} GB/s, about "
-        f"{busbw / nvlink_GBps:.0%} of NVLink 4's {nvlink_GBps:.0f} GB/s per direction.",
-        ((algbw, "that is algbw (n / t); busbw multiplies it by the all-reduce factor 2(p−1)/p."),
-         (busbw * 1e9 / GiB, "that is GiB/s (the lecture's 277): divide by 10⁹, not 1024³.")),
-        f"{answer:g} is not it: n / t in GB/s, times the factor busbw_factor('all_reduce', 4).")
+def _gtx580_blog_point():
+    """The grid model nearest Epoch's 1e26 FLOP and the GTX 580's 3-month numbers."""
+    import math
+
+    from helpers.hardware import GTX_580
+    from helpers.simulator.scaling import grid
+    from helpers.simulator.settings import Settings
+
+    s = Settings()
+    model = min(grid(s), key=lambda m: abs(math.log(m.C / 1e26)))
+    return model, GTX_580, s.duration_s
 
 
-def check_bench_predict(answer_ms: float) -> Verdict:
-    """Exercise: with α = 400 µs and 1/β = 1 GB/s, the predicted time (ms) of a ring
-    all-reduce of 64 MiB on p = 4 ranks."""
-    from helpers.cost.alpha_beta import coefficients, predict
-    n, alpha, beta = 64 * 2**20, 400e-6, 1e-9
-    a, b = coefficients("all_reduce", 4)
-    expected = predict("all_reduce", 4, n, alpha, beta) * 1e3
-    return numeric_verdict(
-        answer_ms, expected,
-        f"{a:g}·α + {b:g}·n·β = {a * alpha * 1e3:.1f} ms + {b * n * beta * 1e3:.1f} ms = "
-        f"{expected:.1f} ms: at 64 MiB the bytes are nearly all of it.",
-        (((alpha + n * beta) * 1e3, "that is α + n·β; a ring all-reduce pays 2(p−1) α and "
-          "2(p−1)/p · n·β."),
-         ((a * alpha + n * beta) * 1e3, "the byte term needs its factor 2(p−1)/p = 1.5 too.")),
-        f"{answer_ms:g} ms is not it: use coefficients('all_reduce', 4) and t = a·α + b·n·β.")
+def grade_simulator_latency_floor(answer: float, point) -> Verdict:
+    """Seconds of one step that are the fixed latency of the matmuls, for `point` (a curve
+    point with a plan): 6 matmuls × (L / PP) layers × (E / EP) experts × m micro-batches ×
+    the GPU's latency per matmul."""
+    q, m = point.plan, point.model
+    expected = point.matmul_latency_s
+    count = 6 * (m.L // q.pp) * (m.s // q.ep) * q.m
+    if close_to(answer, expected):
+        return Verdict(True, f"{count} matmuls in a row on one stage × "
+                       f"{point.latency_per_matmul_s * 1e6:g} µs = {expected:.3g} s of a "
+                       f"{q.time.step:.3g} s step.")
+    return Verdict(False, f"count the matmuls one stage runs in sequence: 6 per layer and "
+                   f"micro-batch, L/PP = {m.L // q.pp} layers, m = {q.m} micro-batches; each "
+                   f"costs the fixed latency ({point.latency_per_matmul_s * 1e6:g} µs) "
+                   f"(got {answer:.3g} s).")
 
 
-def check_bench_crossover(answer_bytes: float) -> Verdict:
-    """Exercise: with α = 400 µs and 1/β = 1 GB/s, the all-reduce size n (bytes) on p = 4
-    at which the latency term equals the bandwidth term."""
-    from helpers.cost.alpha_beta import coefficients
-    alpha, beta = 400e-6, 1e-9
-    a, b = coefficients("all_reduce", 4)
-    expected = a * alpha / (b * beta)
-    return numeric_verdict(
-        answer_bytes, expected,
-        f"a·α = b·n·β gives n = a·α / (b·β) = {a:g}·400 µs / ({b:g} ns/B) = {expected:.3g} B "
-        "(≈ 1.5 MiB): below it latency dominates, above it bandwidth.",
-        ((alpha / beta, "α/β ignores the coefficients: the ring pays 6 α but only 1.5 n·β at p = 4."),),
-        f"{answer_bytes:g} B is not it: solve a(p)·α = b(p)·n·β for n.")
+def grade_simulator_min_gpus(answer: int) -> Verdict:
+    """The smallest cluster (a power of two) that could do the grid point nearest 1e26 FLOP
+    on GTX 580s in 3 months if every GPU ran at its sustained FLOP/s."""
+    import math
+
+    model, gpu, T = _gtx580_blog_point()
+    need = model.C / (T * gpu.sustained_flops)
+    expected = 2 ** math.ceil(math.log2(need))
+    if answer == expected:
+        return Verdict(True, f"C / (3 months × {gpu.sustained_flops:.3g} FLOP/s) = {need:.3g} "
+                       f"GPUs, so 2^{int(math.log2(expected))} = {expected:,}: the blog's "
+                       f"'about 16 million'. The GPU count follows from compute and time alone.")
+    return Verdict(False, f"divide C = {model.C:.3g} FLOP by the duration ({T:.4g} s) and one "
+                   f"GPU's sustained rate, then round up to a power of two (got {answer}).")
 
 
-# --- notebook 09: experts and long context --------------------------------------------------
+def grade_simulator_mfu_needed(answer: float) -> Verdict:
+    """The MFU at which the run nearest 1e26 FLOP takes exactly 3 months on 2^24 GTX 580s."""
+    model, gpu, T = _gtx580_blog_point()
+    expected = model.C / (2**24 * gpu.peak_flops * T)
+    bar = 0.8 * gpu.effective_utilization
+    if close_to(answer, expected):
+        return Verdict(True, f"C / (2^24 × peak {gpu.peak_flops:.4g} FLOP/s × {T:.4g} s) = "
+                       f"{expected:.3f}: any MFU above it finishes in time, but the blog's "
+                       f"'≥ 80 % of the maximum' asks for {bar:.2f}.")
+    return Verdict(False, f"MFU = C / (GPUs × peak FLOP/s × time); solve for the MFU with the "
+                   f"time set to 3 months (got {answer:.3g}).")
 
-def check_experts_capacity(answer: int) -> Verdict:
+
+# --- notebook 08: memory ---
+
+def grade_memory_zero2_bytes(answer: float) -> Verdict:
+    """Exercise: bytes per rank of parameters + gradients + optimizer state under ZeRO-2 for
+    notebook 08's model (Ψ = 464,128) on d = 4 ranks, fp32 AdamW (4 + 4 + 8 bytes)."""
+    from helpers.cost.memory import FP32_RUN, MIXED_RUN, zero_memory_for
+    psi, d = 464_128, 4
+    expected = zero_memory_for(psi, d, 2, FP32_RUN).total
+    return judge(
+        answer, expected,
+        f"4Ψ + (4 + 8)Ψ/d = {4 * psi:,} + {12 * psi // d:,} = {expected:,.0f} B: the weights "
+        "stay whole, gradients and AdamW's two moments are split four ways.",
+        ((zero_memory_for(psi, d, 2, MIXED_RUN).total, "that is the mixed-precision formula "
+          "2Ψ + 14Ψ/d; this run keeps fp32 weights and gradients and no master copy."),
+         (zero_memory_for(psi, d, 1, FP32_RUN).total, "that is ZeRO-1 (gradients whole)."),
+         (zero_memory_for(psi, d, 3, FP32_RUN).total, "that is ZeRO-3: ZeRO-2 keeps every weight.")),
+        f"{answer:g} B is not it: 4Ψ of weights plus 12Ψ/d of gradients and moments.")
+
+
+def grade_memory_fsdp_wire_bytes(answer: float) -> Verdict:
+    """Exercise: bytes one rank sends per step under ZeRO-3 for Ψ = 1e9 bf16 parameters (and
+    bf16 gradients) on d = 8 ranks, ring collectives."""
+    from helpers.cost.memory import comm_volume
+    psi, d = 1e9, 8
+    expected = comm_volume(3, d, psi, bytes_per_value=2)
+    return judge(
+        answer, expected,
+        f"two all-gathers and a reduce-scatter of 2Ψ bytes, each sending (d−1)/d of it: "
+        f"3 × 2 GB × 7/8 = {expected / 1e9:.2f} GB per step.",
+        ((3 * psi * 2, "that is 3Ψ·2 bytes handed to the collectives; a ring sends (d−1)/d of it."),
+         (comm_volume(2, d, psi, 2), "that is stages 0-2 (2Ψ): ZeRO-3 gathers the weights twice."),
+         (3 * psi * (d - 1) / d, "count 2 bytes per bf16 value.")),
+        f"{answer:g} B is not it: 3 buffers of Ψ values × 2 bytes × (d−1)/d.")
+
+
+def grade_memory_checkpoint_ratio(answer: float) -> Verdict:
+    """Exercise: how many times fewer activation bytes one block of notebook 07's decoder
+    keeps with checkpointing, for h = 4096 and 32 heads (any b, s)?"""
+    from helpers.cost.memory import ActivationShape, block_activation_bytes
+    shape = ActivationShape(1, 4096, 4096, 32, 1, 32000)
+    expected = block_activation_bytes(shape) / block_activation_bytes(shape, checkpointed=True)
+    return judge(
+        answer, expected,
+        f"(16h + 4 + heads)·bs / (h·bs) = (16·4096 + 36)/4096 = {expected:.2f}: a block keeps "
+        "its input instead of 16 tensors of its size (and a few per-token statistics).",
+        ((34.0, "34 is Korthikanti et al.'s 34·sbh in bytes for fp16 with dropout; count values "
+                "of this block (no dropout, flash attention)."),),
+        f"{answer:g} is not it: divide 16·bsh + (4 + heads)·bs by b·s·h.")
+
+
+# --- notebook 09: experts and long context ---
+
+def grade_experts_capacity(answer: int) -> Verdict:
     """Exercise: slots per expert for 4096 tokens, E = 8 experts, top-2, capacity factor 1.25."""
     from helpers.cost.experts import capacity
     expected = capacity(4096, 8, 2, 1.25)
@@ -396,13 +444,13 @@ def check_experts_capacity(answer: int) -> Verdict:
                           "(helpers.cost.experts.capacity).")
 
 
-def check_ring_bytes(answer_mb: float) -> Verdict:
+def grade_ring_bytes(answer_mb: float) -> Verdict:
     """Exercise: MB (10⁶ B) one rank sends in a forward + backward of ring attention, c = 4,
     b = 1, 8 heads, s = 8192, head_dim 128, fp32."""
     from helpers.cost.context import ring_bytes
     expected = ring_bytes(4, 1, 8, 8192, 128) / 1e6
     block = 2 * 1 * 8 * (8192 // 4) * 128 * 4 / 1e6
-    return numeric_verdict(
+    return judge(
         answer_mb, expected,
         f"a K/V block is 2·b·heads·(s/c)·d·4 B = {block:.1f} MB; 3 hops forward, 3 of K/V and 4 "
         f"of dK/dV backward: 10 blocks = {expected:.0f} MB.",
@@ -413,64 +461,15 @@ def check_ring_bytes(answer_mb: float) -> Verdict:
         "(helpers.cost.context.ring_bytes).")
 
 
-def check_ring_idle(answer: float) -> Verdict:
+def grade_ring_idle(answer: float) -> Verdict:
     """Exercise: the share of time c = 8 ranks idle in causal ring attention with the naive
     split, if every step runs at the slowest rank's pace."""
     from helpers.cost.context import causal_work, idle_share
     expected = idle_share(causal_work(8, "naive"))
-    return numeric_verdict(
+    return judge(
         answer, expected,
         f"rank r works r + ½ blocks, the slowest 7.5, the mean 4: 1 − 4/7.5 = {expected:.3f} "
         "(1 − c/(2c − 1)); the zig-zag split makes it 0.",
         ((1 - 1 / 8, "that compares the first rank with the last; the mean rank works 4 blocks."),
          (0.5, "close, but the diagonal block is half a block: 1 − 4/7.5.")),
         f"{answer:g} is not it: 1 − mean/max of causal_work(8, 'naive').")
-
-# --- notebook 08: memory ---------------------------------------------------------------------
-
-def check_memory_zero2_bytes(answer: float) -> Verdict:
-    """Exercise: bytes per rank of parameters + gradients + optimizer state under ZeRO-2 for
-    notebook 08's model (Ψ = 464,128) on d = 4 ranks, fp32 AdamW (4 + 4 + 8 bytes)."""
-    from helpers.cost.memory import FP32_RUN, MIXED_RUN, zero_memory_for
-    psi, d = 464_128, 4
-    expected = zero_memory_for(psi, d, 2, FP32_RUN).total
-    return numeric_verdict(
-        answer, expected,
-        f"4Ψ + (4 + 8)Ψ/d = {4 * psi:,} + {12 * psi // d:,} = {expected:,.0f} B: the weights "
-        "stay whole, gradients and AdamW's two moments are split four ways.",
-        ((zero_memory_for(psi, d, 2, MIXED_RUN).total, "that is the mixed-precision formula "
-          "2Ψ + 14Ψ/d; this run keeps fp32 weights and gradients and no master copy."),
-         (zero_memory_for(psi, d, 1, FP32_RUN).total, "that is ZeRO-1 (gradients whole)."),
-         (zero_memory_for(psi, d, 3, FP32_RUN).total, "that is ZeRO-3: ZeRO-2 keeps every weight.")),
-        f"{answer:g} B is not it: 4Ψ of weights plus 12Ψ/d of gradients and moments.")
-
-
-def check_memory_fsdp_wire_bytes(answer: float) -> Verdict:
-    """Exercise: bytes one rank sends per step under ZeRO-3 for Ψ = 1e9 bf16 parameters (and
-    bf16 gradients) on d = 8 ranks, ring collectives."""
-    from helpers.cost.memory import comm_volume
-    psi, d = 1e9, 8
-    expected = comm_volume(3, d, psi, bytes_per_value=2)
-    return numeric_verdict(
-        answer, expected,
-        f"two all-gathers and a reduce-scatter of 2Ψ bytes, each sending (d−1)/d of it: "
-        f"3 × 2 GB × 7/8 = {expected / 1e9:.2f} GB per step.",
-        ((3 * psi * 2, "that is 3Ψ·2 bytes handed to the collectives; a ring sends (d−1)/d of it."),
-         (comm_volume(2, d, psi, 2), "that is stages 0-2 (2Ψ): ZeRO-3 gathers the weights twice."),
-         (3 * psi * (d - 1) / d, "count 2 bytes per bf16 value.")),
-        f"{answer:g} B is not it: 3 buffers of Ψ values × 2 bytes × (d−1)/d.")
-
-
-def check_memory_checkpoint_ratio(answer: float) -> Verdict:
-    """Exercise: how many times fewer activation bytes one block of notebook 07's decoder
-    keeps with checkpointing, for h = 4096 and 32 heads (any b, s)?"""
-    from helpers.cost.memory import ActivationShape, block_activation_bytes
-    shape = ActivationShape(1, 4096, 4096, 32, 1, 32000)
-    expected = block_activation_bytes(shape) / block_activation_bytes(shape, checkpointed=True)
-    return numeric_verdict(
-        answer, expected,
-        f"(16h + 4 + heads)·bs / (h·bs) = (16·4096 + 36)/4096 = {expected:.2f}: a block keeps "
-        "its input instead of 16 tensors of its size (and a few per-token statistics).",
-        ((34.0, "34 is Korthikanti et al.'s 34·sbh in bytes for fp16 with dropout; count values "
-                "of this block (no dropout, flash attention)."),),
-        f"{answer:g} is not it: divide 16·bsh + (4 + heads)·bs by b·s·h.")

@@ -14,8 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
-KIB = 1024
-MIB = 1024**2
+from helpers.units import KiB, MiB
+
 
 
 @dataclass(frozen=True)
@@ -90,8 +90,8 @@ def _two_levels(node_Bps: float, beyond_Bps: float, latency_s: float = 1.125e-6,
 def _spec_gpu(name, fpct, sms, clock_MHz, eff, hbm_Bps, l2_Bps, l2_MiB, hbm_bytes, net, dsmem):
     return GPU(
         name=name, bitwidth=16, flop_per_clock_per_thread={16: fpct},
-        register_bytes_per_processing_block=64 * KIB, num_sms=sms,
-        l2_Bps=l2_Bps, l2_bytes=l2_MiB * MIB, hbm_Bps=hbm_Bps, hbm_bytes=hbm_bytes,
+        register_bytes_per_processing_block=64 * KiB, num_sms=sms,
+        l2_Bps=l2_Bps, l2_bytes=l2_MiB * MiB, hbm_Bps=hbm_Bps, hbm_bytes=hbm_bytes,
         max_clock_Hz=clock_MHz * 1e6, effective_utilization=eff,
         distributed_shared_memory=dsmem, latency_per_matmul_s=4.5e-6,
         network_levels=_two_levels(*net),
@@ -110,7 +110,7 @@ H100_PCIE = _spec_gpu("H100 PCIe", 32, 114, 1620, 0.55, 2039e9, 5563e9, 50, 80e9
 # helpers.simulator.gtx580 varies each of these (notebook 06, section 7).
 GTX_580 = GPU(
     name="GTX 580", bitwidth=32, flop_per_clock_per_thread={32: 1 / 2, 64: 1 / 16},
-    register_bytes_per_processing_block=128 * KIB, num_sms=16,
+    register_bytes_per_processing_block=128 * KiB, num_sms=16,
     l2_Bps=384.8e9, l2_bytes=786_432, hbm_Bps=192.4e9, hbm_bytes=3.0e9,
     max_clock_Hz=1.544e9, effective_utilization=0.85, distributed_shared_memory=False,
     latency_per_matmul_s=2.25e-5,
@@ -168,11 +168,11 @@ _GTX_NODE, _GTX_BEYOND = GTX_580.network_levels
 
 HIERARCHY: dict[str, tuple[Level, ...]] = {
     "H100 SXM": (
-        Level("L1 / shared memory (per SM)", 256 * KIB, 33e12, 30e-9,
+        Level("L1 / shared memory (per SM)", 256 * KiB, 33e12, 30e-9,
               "NVIDIA H100 whitepaper (256 KB L1/SMEM per SM); bandwidth = 132 SMs x 128 B/clk "
               "x 1.98 GHz; latency: Luo et al. 2024, 'Benchmarking and Dissecting the Nvidia "
               "Hopper GPU Architecture'"),
-        Level("L2 cache", 50 * MIB, 6441e9, 200e-9,
+        Level("L2 cache", 50 * MiB, 6441e9, 200e-9,
               f"L2 size and bandwidth: {EPOCH_MODEL} (H100 record); latency: Luo et al. 2024"),
         Level("HBM3", 80e9, 3.35e12, 500e-9,
               "NVIDIA H100 SXM datasheet (80 GB, 3.35 TB/s); latency: Luo et al. 2024"),
@@ -188,9 +188,9 @@ HIERARCHY: dict[str, tuple[Level, ...]] = {
               "IEEE 802.3 100 GbE line rate; latency of a kernel TCP round trip, order of magnitude"),
     ),
     "A100 SXM": (
-        Level("L1 / shared memory (per SM)", 192 * KIB, 19.5e12, 30e-9,
+        Level("L1 / shared memory (per SM)", 192 * KiB, 19.5e12, 30e-9,
               "NVIDIA A100 whitepaper (192 KB L1/SMEM per SM); 108 SMs x 128 B/clk x 1.41 GHz"),
-        Level("L2 cache", 40 * MIB, 5603e9, 200e-9,
+        Level("L2 cache", 40 * MiB, 5603e9, 200e-9,
               f"{EPOCH_MODEL} (A100 record); NVIDIA A100 whitepaper (40 MB)"),
         Level("HBM2", 40e9, 1.555e12, 500e-9,
               "NVIDIA A100 datasheet: the 40 GB SXM part has HBM2 at 1,555 GB/s "
@@ -203,9 +203,9 @@ HIERARCHY: dict[str, tuple[Level, ...]] = {
         Level("Ethernet 100 GbE (datacenter)", None, 12.5e9, 20e-6, "IEEE 802.3 100 GbE"),
     ),
     "GTX 580": (
-        Level("L1 / shared memory (per SM)", 64 * KIB, 1.58e12, 30e-9,
+        Level("L1 / shared memory (per SM)", 64 * KiB, 1.58e12, 30e-9,
               "NVIDIA Fermi whitepaper (64 KB per SM); 16 SMs x 64 B/clk x 1.544 GHz"),
-        Level("L2 cache", 768 * KIB, 384.8e9, 300e-9, f"{EPOCH_SIMULATOR} (GTX 580 record)"),
+        Level("L2 cache", 768 * KiB, 384.8e9, 300e-9, f"{EPOCH_SIMULATOR} (GTX 580 record)"),
         Level("GDDR5 global memory", 3.0e9, 192.4e9, 600e-9,
               f"{EPOCH_SIMULATOR} (GTX 580 3 GB record)"),
         Level("NVLink", None, None, None, "did not exist in 2012 (first in Pascal, 2016)"),

@@ -11,14 +11,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from helpers.checks import check_int
-
-
-def format_seconds(seconds: float) -> str:
-    """3 significant digits in the unit a reader thinks in (ns, µs, ms, s)."""
-    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("µs", 1e-6)):
-        if abs(seconds) >= scale:
-            return f"{seconds / scale:.3g} {unit}"
-    return f"{seconds / 1e-9:.3g} ns"
+from helpers.units import format_seconds
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from helpers.cost import bench as cost
 from helpers.labs import bench as lab
 from helpers.parallel.groups import split_groups
 from helpers.ranks import LiveRanks
-from helpers.views.bench import MAX_WIDGET_WORLD_SIZE, plot_sweep, widget_sweep
+from helpers.views.bench import MAX_SWEEP_WORLD_SIZE, plot_sweep, widget_sweep
 
 PAIRS = [[0, 1], [2, 3]]
 
@@ -65,7 +65,7 @@ def _synthetic(op, alpha, beta, noise=0.0, seed=0):
     return points
 
 
-@pytest.mark.parametrize("op", sorted(ab.OPS))
+@pytest.mark.parametrize("op", sorted(ab.COST_MODELS))
 @pytest.mark.parametrize("weighting", ["relative", "absolute"])
 def test_fit_recovers_alpha_beta_exactly_without_noise(op, weighting):
     fit = ab.fit_alpha_beta(op, _synthetic(op, 25e-6, 1 / 40e9), weighting)
@@ -240,17 +240,17 @@ def test_every_op_runs_and_all_ranks_agree_on_the_times(ranks):
     per_rank = ranks.run(lab.time_collective, "all_reduce", sizes, iters=6, warmup=1, rounds=3)
     assert per_rank[0] == per_rank[1]
     assert [(r["bytes"], len(r["times_s"])) for r in per_rank[0]] == [(1024, 6), (2 * 2**20, 6)]
-    records = lab.run_sweep(ranks, sorted(ab.OPS), (1024, 65536), (2,), iters=2, warmup=1,
+    records = lab.run_sweep(ranks, sorted(ab.COST_MODELS), (1024, 65536), (2,), iters=2, warmup=1,
                             rounds=2, progress=False)
     assert [(r["op"], r["bytes"]) for r in records] == \
-        [(op, n) for op in sorted(ab.OPS) for n in (1024, 65536)]
+        [(op, n) for op in sorted(ab.COST_MODELS) for n in (1024, 65536)]
     rows = cost.result_rows(records, cost.fit_sweep(records))
     assert all(row["time_s"] > 0 and row["predicted_s"] > 0 for row in rows)
 
 
 def test_two_groups_of_two_time_side_by_side(ranks):
     ranks.resize(4)
-    ops = sorted(ab.OPS)
+    ops = sorted(ab.COST_MODELS)
     per_rank = ranks.run(time_in_pairs, ops, 4096)
     for members in PAIRS:
         first, second = (per_rank[r] for r in members)
@@ -258,11 +258,6 @@ def test_two_groups_of_two_time_side_by_side(ranks):
         assert [r["op"] for r in first] == ops
         assert all(r["world_size"] == 2 and min(r["times_s"]) > 0 for r in first)
     ranks.resize(2)
-
-
-def test_format_bytes_names_only_whole_units():
-    assert [cost.format_bytes(n) for n in (1024, 3 * 2**20, 1020, 2**20 - 4)] == \
-        ["1 KiB", "3 MiB", "1020 B", "1048572 B"]
 
 
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2,
@@ -318,7 +313,7 @@ def test_small_sweep_plan_rejects_sizes_outside_the_slider(exps):
 
 @pytest.mark.parametrize("op, p, exps", [
     ("all_reduce", 2, (10, 10)),        # smallest size: one point, nothing to fit
-    ("all_gather", MAX_WIDGET_WORLD_SIZE, (10, 12)),   # the slider's largest world size
+    ("all_gather", MAX_SWEEP_WORLD_SIZE, (10, 12)),   # the slider's largest world size
     ("all_reduce", 2, (27, 28)),        # largest sizes
 ])
 def test_small_sweep_at_extremes(ranks, op, p, exps):
@@ -333,7 +328,7 @@ def test_small_sweep_at_extremes(ranks, op, p, exps):
 def test_the_widget_runs_a_sweep_per_click(ranks, capsys):
     box = widget_sweep(ranks)
     (op, p), (sizes, button) = box.children[0].children, box.children[1].children
-    assert p.max == MAX_WIDGET_WORLD_SIZE
+    assert p.max == MAX_SWEEP_WORLD_SIZE
     sizes.value = (10, 11)
     button.click()
     assert "all_reduce: α = " in capsys.readouterr().out
@@ -343,8 +338,8 @@ def test_the_widget_runs_a_sweep_per_click(ranks, capsys):
 
 def test_bench_exercises_say_right_and_name_the_usual_mistakes():
     from helpers import exercises as ex
-    assert ex.check_bench_busbw(297.5).right
-    assert "GiB" in str(ex.check_bench_busbw(277)) and "algbw" in str(ex.check_bench_busbw(198.3))
-    assert ex.check_bench_predict(103.1).right and not ex.check_bench_predict(67.5).right
-    assert ex.check_bench_crossover(1.6e6).right
-    assert "coefficients" in str(ex.check_bench_crossover(4e5))
+    assert ex.grade_bench_busbw(297.5).right
+    assert "GiB" in str(ex.grade_bench_busbw(277)) and "algbw" in str(ex.grade_bench_busbw(198.3))
+    assert ex.grade_bench_predict(103.1).right and not ex.grade_bench_predict(67.5).right
+    assert ex.grade_bench_crossover(1.6e6).right
+    assert "coefficients" in str(ex.grade_bench_crossover(4e5))

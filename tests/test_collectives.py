@@ -25,10 +25,10 @@ def live(start_ranks):
 
 
 def test_expected_matches_the_lecture():
-    assert C.expected("all_reduce", 4)[2]["after"].tolist() == [6, 10, 14, 18]
-    assert [r["after"].tolist() for r in C.expected("reduce_scatter", 4)] == [[6], [10], [14], [18]]
+    assert C.expected("all_reduce", 4)[2].after.tolist() == [6, 10, 14, 18]
+    assert [r.after.tolist() for r in C.expected("reduce_scatter", 4)] == [[6], [10], [14], [18]]
     a2a = C.expected("all_to_all", 2, 2)
-    assert a2a[0]["after"].tolist() == [0, 10] and a2a[1]["after"].tolist() == [1, 11]
+    assert a2a[0].after.tolist() == [0, 10] and a2a[1].after.tolist() == [1, 11]
 
 
 @pytest.mark.parametrize("world_size, length", [(1, 1), (4, 4), (3, 6), (8, 8)])
@@ -57,7 +57,7 @@ def test_two_groups_of_two_each_match_the_two_rank_definition(live, length):
         for g in mine:
             assert torch.equal(g["two_ways"]["all_reduce"], g["two_ways"]["then_all_gather"])
             assert torch.equal(g["two_ways"]["all_reduce"],
-                               C.expected("all_reduce", 2, length)[0]["after"])
+                               C.expected("all_reduce", 2, length)[0].after)
             assert g["probe"]["all_reduce_mean"] == "works"
 
 
@@ -136,17 +136,17 @@ def test_the_figure_title_has_room_of_its_own():
 
 
 def test_the_widget_draws_on_live_ranks_at_its_extremes(live):
-    from helpers.views.collectives import (MAX_LENGTH, MAX_WIDGET_WORLD_SIZE, CollectivesView,
+    from helpers.views.collectives import (MAX_LENGTH, MAX_WORLD_SIZE, CollectivesView,
                                            widget_collectives)
     box = widget_collectives(live)
     size, length = box.children[0].children
     note, image = box.children[1], box.children[2]
-    assert size.max == MAX_WIDGET_WORLD_SIZE and length.max == MAX_LENGTH
+    assert size.max == MAX_WORLD_SIZE and length.max == MAX_LENGTH
     assert not size.continuous_update and not length.continuous_update
     size.value = 3                 # length 4 does not split in 3: the splitting ops are skipped
     assert live.world_size == 3 and "Skipped scatter" in note.value
     view = CollectivesView(live)
-    for world_size, n in [(1, 1), (MAX_WIDGET_WORLD_SIZE, 8), (2, MAX_LENGTH)]:
+    for world_size, n in [(1, 1), (MAX_WORLD_SIZE, 8), (2, MAX_LENGTH)]:
         picture, text = view.update(world_size, n)
         assert picture[:4] == b"\x89PNG" and f"world size {world_size}" in text
         assert live.world_size == world_size

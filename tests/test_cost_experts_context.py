@@ -55,10 +55,10 @@ def test_ring_schedule_idle():
 
 
 def test_exercises_accept_the_answer_and_explain_the_usual_mistakes():
-    from helpers.exercises import check_experts_capacity, check_ring_bytes, check_ring_idle
-    assert check_experts_capacity(1280).right
-    assert not check_experts_capacity(1024).right
-    assert check_ring_bytes(context.ring_bytes(4, 1, 8, 8192, 128) / 1e6).right
-    assert "forward alone" in check_ring_bytes(3 * 2 * 8 * 2048 * 128 * 4 / 1e6).why
-    assert check_ring_idle(1 - 8 / 15).right
-    assert not check_ring_idle(0.875).right
+    from helpers.exercises import grade_experts_capacity, grade_ring_bytes, grade_ring_idle
+    assert grade_experts_capacity(1280).right
+    assert not grade_experts_capacity(1024).right
+    assert grade_ring_bytes(context.ring_bytes(4, 1, 8, 8192, 128) / 1e6).right
+    assert "forward alone" in grade_ring_bytes(3 * 2 * 8 * 2048 * 128 * 4 / 1e6).why
+    assert grade_ring_idle(1 - 8 / 15).right
+    assert not grade_ring_idle(0.875).right

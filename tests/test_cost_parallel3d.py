@@ -119,10 +119,12 @@ def test_summary_has_the_benchmarks_fields():
     rows = [_comparison(Layout(4, 1, 1), 1.0, 1.1), _comparison(Layout(1, 4, 1), 2.0, 1.0),
             _comparison(Layout(2, 2, 1), 0.5, 0.6)]
     got = summary(rows)
-    assert got["median_rel_error"] == pytest.approx(0.2)
-    assert got["max_rel_error"] == pytest.approx(0.5)
-    assert got["results"][1]["rel_error"] == pytest.approx(-0.5)
-    assert (got["best_measured"], got["best_predicted"]) == ("2·2·1", "2·2·1")
+    assert got.median_rel_error == pytest.approx(0.2)
+    assert got.max_rel_error == pytest.approx(0.5)
+    assert got.results[1].rel_error == pytest.approx(-0.5)
+    assert (got.best_measured, got.best_predicted) == ("2·2·1", "2·2·1")
+    record = got.as_json()  # the benchmark's JSON line
+    assert record["results"][1]["rel_error"] == pytest.approx(-0.5) and record["world_size"] == 4
     assert "+10%" in table(rows)
 
 

@@ -1,25 +1,42 @@
-"""helpers.exercises: each check says right for the right answer and names common mistakes."""
+"""helpers.exercises: each grader says right for the right answer and names common mistakes."""
 import pytest
 
 from helpers import exercises as E
 
 
-@pytest.mark.parametrize("check, right, wrong, words", [
-    (E.check_hardware_ridge, 201, 1 / 201, "bytes per FLOP"),
-    (E.check_hardware_compute_bound_n, 886, 885, "round up"),
-    (E.check_hardware_compute_bound_n, 886, 1771, "fp32"),
-    (E.check_hardware_send_time, 0.32, 0.16, "two directions"),
-    (E.check_collectives_reduce_scatter, [52], [28, 36, 44, 52, 60, 68, 76, 84], "all-reduce"),
-    (E.check_collectives_reduce_scatter, 52, 7, "not it"),
-    (E.check_collectives_all_to_all, [2, 12, 22, 32], [32, 22, 12, 2], "order"),
-    (E.check_collectives_ring_bytes, 1.75, 0.875, "one half"),
+@pytest.mark.parametrize("grade, right, wrong, words", [
+    (E.grade_hardware_ridge, 201, 1 / 201, "bytes per FLOP"),
+    (E.grade_hardware_compute_bound_n, 886, 885, "round up"),
+    (E.grade_hardware_compute_bound_n, 886, 1771, "fp32"),
+    (E.grade_hardware_send_time, 0.32, 0.16, "two directions"),
+    (E.grade_collectives_reduce_scatter, [52], [28, 36, 44, 52, 60, 68, 76, 84], "all-reduce"),
+    (E.grade_collectives_reduce_scatter, 52, 7, "not it"),
+    (E.grade_collectives_all_to_all, [2, 12, 22, 32], [32, 22, 12, 2], "order"),
+    (E.grade_collectives_ring_bytes, 1.75, 0.875, "one half"),
 ])
-def test_right_and_wrong(check, right, wrong, words):
-    yes, no = check(right), check(wrong)
+def test_right_and_wrong(grade, right, wrong, words):
+    yes, no = grade(right), grade(wrong)
     assert yes.right and str(yes).startswith("✓ right")
     assert not no.right and words in no.why and str(no).startswith("✗ not yet")
-    assert yes._repr_markdown_() == str(yes)
+    assert repr(yes) == str(yes) and repr(no) == str(no)  # one text, printed or shown
+
+
+def test_judge_exact_and_close():
+    assert E.judge(2, 2, "yes", ((3, "three"),), "no", exact=True).right
+    assert E.judge(3, 2, "yes", ((3, "three"),), "no", exact=True).why == "three"
+    assert E.judge(2.01, 2, "yes", (), "no").right            # within 2 %
+    assert E.judge(2.01, 2, "yes", (), "no", exact=True).why == "no"
 
 
 def test_close_to():
     assert E.close_to(1.01, 1.0) and not E.close_to(1.1, 1.0)
+
+
+def test_simulator_graders():
+    """Notebook 06's blog numbers: 'about 16 million' GTX 580s, and the MFU that fits 3 months."""
+    assert E.grade_simulator_min_gpus(2**24).right and "16 million" in E.grade_simulator_min_gpus(2**24).why
+    assert not E.grade_simulator_min_gpus(2**23).right
+    model, gpu, months3 = E._gtx580_blog_point()
+    mfu = model.C / (2**24 * gpu.peak_flops * months3)
+    assert 0 < mfu < 1 and E.grade_simulator_mfu_needed(mfu).right
+    assert not E.grade_simulator_mfu_needed(0.0).right

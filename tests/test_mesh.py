@@ -97,4 +97,3 @@ def test_plot_mesh_draws_every_rank_and_every_link(mesh):
     assert len(arrows) == (mesh.p - 1) * mesh.d * mesh.t          # one per PP hop
     assert len(ax.lines) == (mesh.d - 1) * mesh.t * mesh.p        # one per DP neighbour pair
     assert len(ax.get_legend().get_texts()) == 3
-    matplotlib.pyplot.close(fig)

@@ -12,12 +12,13 @@ from matplotlib.figure import Figure  # noqa: E402
 
 from helpers.configs import LECTURE
 from helpers.cost.bubble import bubble_theory, measured_bubble  # noqa: E402
-from helpers.cost.schedules import (Action, Event, check_event_log, log_violation,  # noqa: E402
-                                    make_plan, peak_live, simulate)
+from helpers.cost.schedules import (Action, Event, log_violation, make_plan,  # noqa: E402
+                                    peak_live, simulate, verify_event_log)
 from helpers.labs import pp as pp_lab
 from helpers.parallel import pp  # noqa: E402
 from helpers.parallel.groups import split_groups  # noqa: E402
-from helpers.views.pp import (MAX_WIDGET_WORLD_SIZE, WIDGET_T_F, PipelineView,  # noqa: E402
+from helpers.ranks import LiveRanks  # noqa: E402
+from helpers.views.pp import (MAX_STAGES, WIDGET_T_F, PipelineView,  # noqa: E402
                               _height, pipeline_outputs, plot_bubble_sweep, plot_gantt, plot_runs,
                               schedules_for, valid_ms, widget_pipeline)
 
@@ -42,7 +43,7 @@ GRID = [(s, p, m, v) for s in ("gpipe", "1f1b") for p in (1, 2, 3, 4, 8) for m i
 @pytest.mark.parametrize("schedule,p,m,v", GRID)
 def test_simulated_bubble_equals_theory(schedule, p, m, v):
     events = simulate(schedule, p, m, t_f=1.0, t_b=2.0, v=v)
-    check_event_log(events, p, m, v)
+    verify_event_log(events, p, m, v)
     assert measured_bubble(events, p) == pytest.approx(bubble_theory(p, m, v), abs=1e-12)
 
 
@@ -80,7 +81,7 @@ def test_event_log_check_catches_causality_violation():
     events = [e.shifted(0.5) if (e.rank, e.action) == (1, Action("F", 0, 0)) else e
               for e in simulate("gpipe", 2, 2)]  # starts before rank 0 finished sending it
     with pytest.raises(AssertionError, match="started before"):
-        check_event_log(events, 2, 2)
+        verify_event_log(events, 2, 2)
     assert "started before" in log_violation(events, 2, 2)
     assert log_violation(simulate("gpipe", 2, 2), 2, 2) == ""
     assert log_violation(simulate("gpipe", 2, 2)[1:], 2, 2) == "expected 8 events, got 7"
@@ -108,27 +109,29 @@ def test_stage_ranges_cover_the_model():
 def test_bad_inputs_raise_before_any_process(kwargs, name):
     before = multiprocessing.active_children()
     with pytest.raises(ValueError, match=name):
-        pp_lab.run_pipeline(**kwargs)
+        pp_lab.run_pipeline(None, **kwargs)  # the arguments are checked before the ranks
     assert multiprocessing.active_children() == before
 
 
 def test_bad_types_and_lecture_inputs():
     with pytest.raises(TypeError, match="m must be an int"):
-        pp_lab.run_pipeline(m=2.0)
+        pp_lab.run_pipeline(None, m=2.0)
     with pytest.raises(ValueError, match="layers must be a multiple of 3"):
-        pp_lab.run_lecture_forward(p=3)
+        pp_lab.run_lecture_forward(None, p=3)
     with pytest.raises(ValueError, match="m must be >= 1"):
-        pp_lab.run_lecture_forward(m=0)
+        pp_lab.run_lecture_forward(None, m=0)
     with pytest.raises(ValueError, match="p must be >= 2"):
-        pp_lab.run_torch_pipelining(p=1)
+        pp_lab.run_torch_pipelining(None, p=1)
     with pytest.raises(ValueError, match="schedule must be one of"):
-        pp_lab.run_torch_pipelining("interleaved")
+        pp_lab.run_torch_pipelining(None, "interleaved")
+    with pytest.raises(TypeError, match="ranks must be a LiveRanks"):  # no hidden spawn
+        pp_lab.run_pipeline(None)
 
 
 # -- live ranks ---------------------------------------------------------------------------
 
 def test_lecture_forward_equals_unsharded_mlp(ranks, ref):
-    out = pp_lab.run_lecture_forward(2, 4, ranks=ranks)
+    out = pp_lab.run_lecture_forward(ranks, 2, 4)
     torch.testing.assert_close(out, ref.output)
 
 
@@ -136,12 +139,12 @@ def test_lecture_forward_equals_unsharded_mlp(ranks, ref):
                                         ("1f1b", 4), ("gpipe", 4)])
 def test_gradients_equal_single_process(ranks, ref, schedule, p):
     m = 4
-    run = pp_lab.run_pipeline(schedule, p, m, ranks=ranks, mode="compute")
-    pp_lab.check_gradients(run, ref)  # assert_close on every layer and the loss
+    run = pp_lab.run_pipeline(ranks, schedule, p, m, mode="compute")
+    pp_lab.verify_gradients(run, ref)  # assert_close on every layer and the loss
     assert pp_lab.gradient_error(run, ref) < 1e-5
     off = dataclasses.replace(run, grads={k: g + 1e-3 for k, g in run.grads.items()})
     assert pp_lab.gradient_error(off, ref) == pytest.approx(1e-3, rel=0.05)
-    check_event_log(run.events, p, m, run.v)
+    verify_event_log(run.events, p, m, run.v)
     assert run.peak_live == [peak_live(make_plan(schedule, p, m, r, run.v)) for r in range(p)]
 
 
@@ -160,8 +163,8 @@ def test_two_pipelines_side_by_side_in_subgroups(ranks, ref, schedule):
     results = ranks.resize(4).run(two_pipelines_rank, schedule, m)
     for pair in ([0, 1], [2, 3]):
         run = pp_lab.PipelineRun.from_logs(schedule, m, 1, "compute", [results[r][0] for r in pair])
-        pp_lab.check_gradients(run, ref)  # loss and every layer's gradient
-        check_event_log(run.events, 2, m)
+        pp_lab.verify_gradients(run, ref)  # loss and every layer's gradient
+        verify_event_log(run.events, 2, m)
         assert {e.rank for e in run.events} == {0, 1}  # stages are group ranks
         assert results[pair[0]][1] is None
         torch.testing.assert_close(results[pair[1]][1], ref.output)
@@ -176,32 +179,33 @@ def test_torch_pipelining_in_subgroups(ranks, ref):
     logs = ranks.resize(4).run(torch_pipelining_pairs_rank, "1f1b", 4)
     for pair in ([0, 1], [2, 3]):
         run = pp_lab.PipelineRun.from_logs("torch 1f1b", 4, 1, "compute", [logs[r] for r in pair])
-        pp_lab.check_gradients(run, ref)
+        pp_lab.verify_gradients(run, ref)
 
 
 def test_live_activation_counts_in_wait_mode(ranks):
     p, m = 4, 8
-    gpipe = pp_lab.run_pipeline("gpipe", p, m, ranks=ranks, mode="wait", t_f=0.004)
-    one_f_one_b = pp_lab.run_pipeline("1f1b", p, m, ranks=ranks, mode="wait", t_f=0.004)
+    gpipe = pp_lab.run_pipeline(ranks, "gpipe", p, m, mode="wait", t_f=0.004)
+    one_f_one_b = pp_lab.run_pipeline(ranks, "1f1b", p, m, mode="wait", t_f=0.004)
     assert gpipe.peak_live == [m] * p
     assert one_f_one_b.peak_live == [p - r for r in range(p)]
     for run in (gpipe, one_f_one_b):
-        check_event_log(run.events, p, m)
+        verify_event_log(run.events, p, m)
         assert 0 < run.bubble_measured < 1
         assert min(e.duration for e in run.events) >= 0.004  # a wait never ends early
 
 
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
 def test_torch_pipelining_matches_single_process(ranks, ref, schedule):
-    run = pp_lab.run_torch_pipelining(schedule, 2, 4, ranks=ranks)
-    pp_lab.check_gradients(run, ref)
+    run = pp_lab.run_torch_pipelining(ranks, schedule, 2, 4)
+    pp_lab.verify_gradients(run, ref)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2,
                     reason="torch.distributed.pipelining on NCCL needs 2 GPUs")
 def test_torch_pipelining_on_nccl(ref):
-    run = pp_lab.run_torch_pipelining("1f1b", 2, 4)
-    pp_lab.check_gradients(run, ref)
+    with LiveRanks(2, backend="nccl") as gpu_ranks:
+        run = pp_lab.run_torch_pipelining(gpu_ranks, "1f1b", 2, 4)
+    pp_lab.verify_gradients(run, ref)
 
 
 def test_bubble_sweep_and_its_plot(ranks):
@@ -209,7 +213,7 @@ def test_bubble_sweep_and_its_plot(ranks):
     assert [(r.p, r.m, r.mode) for r in runs] == [(2, 1, "wait"), (2, 4, "wait")]
     fig = plot_bubble_sweep(runs)
     assert len(fig.axes[0].lines) == 2  # one curve and one set of dots per p
-    with pytest.raises(ValueError, match="ranks must be"):
+    with pytest.raises(TypeError, match="ranks must be a LiveRanks"):
         pp_lab.bubble_sweep(None)
 
 
@@ -230,7 +234,7 @@ def test_timed_schedule_simulated(p, m, schedule):
 @pytest.mark.parametrize("p,m,schedule", [(2, 1, "gpipe"), (8, 16, "interleaved")])
 def test_timed_schedule_live(ranks, p, m, schedule):
     run = pp_lab.timed_schedule(schedule, p, m, ranks=ranks, t_f=0.004)
-    check_event_log(run.events, p, m, run.v)
+    verify_event_log(run.events, p, m, run.v)
     assert run.mode == "wait" and 0 < run.bubble_measured < 1
     fig = plot_runs([run])
     assert bars(fig.axes[0]) == len(run.events) and f"p={p} m={m}" in fig.axes[0].get_title()
@@ -249,7 +253,7 @@ def bars(ax) -> int:
 def test_widget_offers_only_valid_settings():
     assert valid_ms("1f1b", 3) == (1, 2, 4, 8, 16) and valid_ms("interleaved", 4) == (4, 8, 16)
     assert schedules_for(3) == ("gpipe", "1f1b") and "interleaved" in schedules_for(8)
-    for p in range(2, MAX_WIDGET_WORLD_SIZE + 1):
+    for p in range(2, MAX_STAGES + 1):
         for schedule in schedules_for(p):
             for m in valid_ms(schedule, p):
                 pp_lab.timed_schedule(schedule, p, m)  # every offered setting is a valid pipeline
@@ -259,7 +263,7 @@ def test_widget_at_its_extremes():
     widget = widget_pipeline(ranks=None)  # simulated: the same callback, no processes
     p, schedule, m = widget.children[0].children
     out = widget.children[1]
-    assert p.max == MAX_WIDGET_WORLD_SIZE and not p.continuous_update and not m.continuous_update
+    assert p.max == MAX_STAGES and not p.continuous_update and not m.continuous_update
     for p_value, name, m_value in [(2, "gpipe", 1), (8, "1f1b", 16), (8, "interleaved", 8),
                                    (3, "1f1b", 16), (2, "interleaved", 2), (4, "1f1b", 4)]:
         p.value = p_value

@@ -4,7 +4,7 @@ import pytest
 
 from helpers import hierarchy, roofline
 from helpers.cost.roofline import (Roofline, attainable_flops, bound, matmul_intensity,
-                                   matmul_verdicts, published)
+                                   matmul_points, published)
 from helpers.hardware import HIERARCHY, ROOFLINE_PEAKS
 from helpers.views.hardware import plot_hierarchy, plot_roofline, widget_roofline
 
@@ -44,14 +44,14 @@ def test_bad_input(call, words):
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_widget_numbers_at_slider_extremes(n, dtype):
     roofs = [published(name) for name in ROOFLINE_PEAKS]
-    verdicts = matmul_verdicts(n, dtype, roofs)
-    assert [v.machine for v in verdicts] == list(ROOFLINE_PEAKS)
-    for v in verdicts:
+    points = matmul_points(n, dtype, roofs)
+    assert [v.machine for v in points] == list(ROOFLINE_PEAKS)
+    for v in points:
         assert 0 < v.attainable_fraction <= 1
         assert v.bound == ("compute-bound" if v.intensity >= v.ridge else "memory-bound")
     if n == 1:  # a 1x1x1 matmul is memory-bound on every machine
-        assert {v.bound for v in verdicts} == {"memory-bound"}
-    fig = plot_roofline(roofs, {"n": verdicts[0].intensity}, title="t")
+        assert {v.bound for v in points} == {"memory-bound"}
+    fig = plot_roofline(roofs, {"n": points[0].intensity}, title="t")
     assert len(fig.axes[0].get_lines()) >= len(roofs) and fig.axes[0].get_title() == "t"
 
 
@@ -71,7 +71,7 @@ def test_widget_acts_on_release_over_powers_of_two_and_redraws_at_its_extremes()
     # The callback itself: marker moved, figure reused, PNG returned.
     view = RooflineView(roofs)
     for n in (MATRIX_SIZES[0], MATRIX_SIZES[-1]):
-        picture, verdicts = view.update(n, "bfloat16")
+        picture, lines = view.update(n, "bfloat16")
         assert picture[:4] == b"\x89PNG" and view.label.get_text() == f" n={n} (bfloat16)"
         assert view.line.get_xdata()[0] == pytest.approx(matmul_intensity(n, "bfloat16"))
 

@@ -439,9 +439,9 @@ def test_deep_nesting_is_one_line(tmp_path, field, depth):
 
 @pytest.mark.parametrize("field, value, words", [
     ("num_sms", 10**400, "peak FLOP/s is a finite number"),  # an int no float can hold
-    ("num_sms", 10**5000, "num_sms must be a positive integer (got inf)"),  # past int parsing
+    ("num_sms", 10**5000, "num_sms must be a positive integer, got inf"),  # past int parsing
     ("bitwidth", 10**5000, "bitwidth must be a positive integer"),
-    ("l2_bytes", -10**5000, "l2_bytes must be a finite number > 0 (got -inf)"),
+    ("l2_bytes", -10**5000, "l2_bytes must be a finite number > 0, got -inf"),
     ("network_levels", [{"bandwidth_Bps": 1e11, "latency_s": 0, "size": 10**5000},
                         {"bandwidth_Bps": 1e11, "latency_s": 0}], "network_levels[0].size"),
     ("flop_per_clock_per_thread", {"1" * 5000: 1.0}, "keys must be bitwidths"),

@@ -3,8 +3,8 @@ import ipywidgets
 import pytest
 
 from helpers.cost.memory import zero_memory_per_rank
+from helpers.units import format_decimal_bytes
 from helpers.views.dp import D_OPTIONS, widget_zero_memory, zero_memory_text
-from helpers.views.kit import human_bytes
 
 
 @pytest.mark.parametrize("psi", [1e6, 1e12])
@@ -17,12 +17,7 @@ def test_memory_text_at_slider_extremes(psi, d, stage, k):
     assert len(rows) == 4 and rows[stage].startswith(">")
     assert "0.00" not in text  # no number rounds away to zero
     total = zero_memory_per_rank(psi, d, stage, optimizer_bytes=k).total
-    assert rows[stage].split()[-2:] == human_bytes(total).split()
-
-
-def test_human_bytes():
-    assert [human_bytes(n) for n in (0, 512, 1953.125, 2e6, 31.4e9, 2e13)] == \
-        ["0 B", "512 B", "1.95 kB", "2 MB", "31.4 GB", "20 TB"]
+    assert rows[stage].split()[-2:] == format_decimal_bytes(total).split()
 
 
 def test_widget_controls_act_on_release_with_full_labels(capsys):

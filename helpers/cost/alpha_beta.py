@@ -11,7 +11,7 @@ bus bandwidth a large message approaches. Ring all-reduce, for instance, is a re
 then an all-gather: 2(p−1) steps, each moving n/p bytes: `2(p−1)α + 2(p−1)/p · n·β`.
 
 Notation: p is the number of ranks (nccl-tests writes n for it), n the message size in bytes
-as defined per operation in `OPS`. Nothing here imports torch: the model is pure arithmetic.
+as defined per operation in `COST_MODELS`. Nothing here imports torch: the model is pure arithmetic.
 """
 from __future__ import annotations
 
@@ -27,9 +27,8 @@ from typing import Callable, Iterable
 import numpy as np
 
 from helpers.checks import check_choice, check_int, check_number
+from helpers.units import GB
 
-GB = 1e9          # every bandwidth in this course: 1 GB = 10^9 bytes (nccl-tests does the same)
-GiB = 1024**3     # what `x / 1024**3` computes: 7.4% more than a GB
 
 
 @dataclass(frozen=True)
@@ -44,7 +43,7 @@ class CollectiveModel:
     algorithm: str                          # the algorithm whose coefficients these are
 
 
-OPS: dict[str, CollectiveModel] = {m.name: m for m in (
+COST_MODELS: dict[str, CollectiveModel] = {m.name: m for m in (
     CollectiveModel("all_reduce", lambda p: 2 * (p - 1), lambda p: 2 * (p - 1) / p, False,
                     "the buffer on each rank", "ring: reduce-scatter then all-gather"),
     CollectiveModel("all_gather", lambda p: p - 1, lambda p: (p - 1) / p, True,
@@ -63,7 +62,7 @@ OPS: dict[str, CollectiveModel] = {m.name: m for m in (
 
 
 def model(op: str) -> CollectiveModel:
-    return OPS[check_choice("op", op, sorted(OPS))]
+    return COST_MODELS[check_choice("op", op, sorted(COST_MODELS))]
 
 
 def coefficients(op: str, p: int) -> tuple[float, float]:

@@ -10,7 +10,7 @@ A record is what `helpers.labs.bench.time_collective` returns for one point:
   The median and spread are printed beside it, so the waiting is shown, not hidden.
 * 1 GB = 1e9 bytes everywhere (nccl-tests does the same). Message sizes are powers of two
   (1 KiB = 1024 B) because buffers are, but every bandwidth is in GB/s.
-* n is the message size in bytes, as `helpers.cost.alpha_beta.OPS[op].bytes_are` says; p the ranks.
+* n is the message size in bytes, as `helpers.cost.alpha_beta.COST_MODELS[op].bytes_are` says; p the ranks.
 """
 from __future__ import annotations
 
@@ -22,10 +22,10 @@ import numpy as np
 
 from helpers.checks import check_choice, check_divisible, check_int
 from helpers.cost import alpha_beta as ab
-from helpers.cost.alpha_beta import GB, GiB, OPS
-from helpers.timing import Measurement, format_seconds
+from helpers.cost.alpha_beta import COST_MODELS
+from helpers.timing import Measurement
+from helpers.units import GB, KB, MB, GiB, KiB, MiB, format_binary_bytes, format_seconds
 
-KiB, MiB = 1024, 1024**2
 ELEMENT_BYTES = 4                      # every buffer is fp32
 # 1 KiB … 16 MiB: on CPU ranks 16 MiB is deep in the bandwidth regime (tens of ms against α's
 # fraction of one), and a 64 MiB size would double the default sweep's time.
@@ -59,9 +59,9 @@ def check_ops(ops: Iterable[str]) -> tuple[str, ...]:
         ops = (ops,)
     ops = tuple(ops)
     if not ops:
-        raise ValueError(f"ops must name at least one of {tuple(sorted(OPS))}, got ()")
+        raise ValueError(f"ops must name at least one of {tuple(sorted(COST_MODELS))}, got ()")
     for op in ops:
-        check_choice("op", op, sorted(OPS))
+        check_choice("op", op, sorted(COST_MODELS))
     return ops
 
 
@@ -93,7 +93,7 @@ def snap_size(n: int, op: str, world_size: int) -> int:
 def parse_size(text: str) -> int:
     """'4MiB' -> 4194304, '1KiB' -> 1024, '1000' -> 1000, '1e6' -> 1000000 (bytes)."""
     match = re.fullmatch(r"\s*([0-9.eE+]+)\s*(B|KiB|MiB|GiB|KB|MB|GB)?\s*", text)
-    units = {None: 1, "B": 1, "KiB": KiB, "MiB": MiB, "GiB": GiB, "KB": 1e3, "MB": 1e6, "GB": 1e9}
+    units = {None: 1, "B": 1, "KiB": KiB, "MiB": MiB, "GiB": GiB, "KB": KB, "MB": MB, "GB": GB}
     try:
         value = float(match.group(1)) * units[match.group(2)]
     except (AttributeError, ValueError):
@@ -101,14 +101,6 @@ def parse_size(text: str) -> int:
     if value is None or value != int(value):
         raise ValueError(f"sizes must be whole bytes like 4096, 4KiB or 1MB, got {text!r}")
     return int(value)
-
-
-def format_bytes(n: float) -> str:
-    """Whole KiB/MiB/GiB by name; anything else (a size snapped for p = 3) in plain bytes."""
-    for unit, scale in (("GiB", GiB), ("MiB", MiB), ("KiB", KiB)):
-        if n >= scale and n % scale == 0:
-            return f"{n // scale:.0f} {unit}"
-    return f"{n:.0f} B"
 
 
 def iterations_for(nbytes: int, iters: int) -> int:
@@ -146,7 +138,7 @@ def median_time(record: dict) -> float:
 
 def measurement(record: dict) -> Measurement:
     """The uniform measurement line of helpers.timing for one sweep point."""
-    what = f"{record['op']} p={record['world_size']} n={format_bytes(record['bytes'])}"
+    what = f"{record['op']} p={record['world_size']} n={format_binary_bytes(record['bytes'])}"
     return Measurement(what, tuple(record["times_s"]))
 
 
@@ -204,7 +196,7 @@ def format_table(rows: list[dict], labels: dict[str, str] | None = None) -> str:
     for row in rows:
         lines.append(
             f"{labels.get(row['op'], row['op']):<{w}}{row['world_size']:>3}"
-            f"{format_bytes(row['bytes']):>11}{format_seconds(row['time_s']):>11}"
+            f"{format_binary_bytes(row['bytes']):>11}{format_seconds(row['time_s']):>11}"
             f"{format_seconds(row['predicted_s']):>11}{row['rel_error']:>7.0%}"
             f"{row['algbw_GBps']:>12.3g}{row['busbw_GBps']:>12.3g}")
     return "\n".join(lines)

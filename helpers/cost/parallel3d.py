@@ -23,7 +23,7 @@ batch): this module reads numbers only and imports no torch.
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Iterable, Mapping
 
 from helpers.cost.alpha_beta import Fit, relative_error
@@ -343,24 +343,48 @@ class Comparison:
         return (self.predicted_s - self.step_s) / self.step_s
 
 
-def summary(comparisons: Iterable[Comparison]) -> dict:
-    """The benchmark's record: one row per layout, the median and worst |relative error|,
-    and the fastest layout measured and predicted (as "d·t·p")."""
+@dataclass(frozen=True)
+class LayoutResult:
+    """One layout's row of the benchmark: measured and predicted step, and the error."""
+    d: int
+    t: int
+    p: int
+    m: int
+    step_s: float
+    predicted_s: float
+    rel_error: float
+
+
+@dataclass(frozen=True)
+class Summary:
+    """Every layout's row, the median and worst |relative error|, and the fastest layout
+    measured and predicted (as "d·t·p"). `as_json()` is the benchmark's JSON record."""
+    world_size: int
+    results: tuple[LayoutResult, ...]
+    median_rel_error: float
+    max_rel_error: float
+    best_measured: str
+    best_predicted: str
+
+    def as_json(self) -> dict:
+        return asdict(self)
+
+
+def summary(comparisons: Iterable[Comparison]) -> Summary:
+    """The comparisons summed up as the benchmark records them."""
     rows = list(comparisons)
     if not rows:
         raise ValueError("comparisons must not be empty")
     errors = [relative_error(c.predicted_s, c.step_s) for c in rows]
     name = lambda c: f"{c.layout.d}·{c.layout.t}·{c.layout.p}"  # noqa: E731
-    return {
-        "world_size": rows[0].layout.world,
-        "results": [{"d": c.layout.d, "t": c.layout.t, "p": c.layout.p, "m": c.layout.m,
-                     "step_s": c.step_s, "predicted_s": c.predicted_s,
-                     "rel_error": c.rel_error} for c in rows],
-        "median_rel_error": statistics.median(errors),
-        "max_rel_error": max(errors),
-        "best_measured": name(min(rows, key=lambda c: c.step_s)),
-        "best_predicted": name(min(rows, key=lambda c: c.predicted_s)),
-    }
+    return Summary(
+        world_size=rows[0].layout.world,
+        results=tuple(LayoutResult(c.layout.d, c.layout.t, c.layout.p, c.layout.m, c.step_s,
+                                   c.predicted_s, c.rel_error) for c in rows),
+        median_rel_error=statistics.median(errors),
+        max_rel_error=max(errors),
+        best_measured=name(min(rows, key=lambda c: c.step_s)),
+        best_predicted=name(min(rows, key=lambda c: c.predicted_s)))
 
 
 def misses(comparisons: Iterable[Comparison]) -> str:

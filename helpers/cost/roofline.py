@@ -53,7 +53,7 @@ def matmul_intensity(n: int, dtype: str = "float32") -> float:
 
 
 @dataclass(frozen=True)
-class Verdict:
+class RooflinePoint:
     """Where one kernel lands on one machine's roofline."""
 
     machine: str
@@ -63,8 +63,8 @@ class Verdict:
     attainable_fraction: float   # of the machine's peak FLOP/s
 
 
-def matmul_verdicts(n: int, dtype: str, roofs: list[Roofline]) -> list[Verdict]:
+def matmul_points(n: int, dtype: str, roofs: list[Roofline]) -> list[RooflinePoint]:
     """For an n x n x n matmul: where each machine lands (what notebook 00's widget prints)."""
     intensity = matmul_intensity(n, dtype)
-    return [Verdict(r.name, intensity, r.ridge, bound(intensity, r),
-                    attainable_flops(intensity, r) / r.peak_flops) for r in roofs]
+    return [RooflinePoint(r.name, intensity, r.ridge, bound(intensity, r),
+                        attainable_flops(intensity, r) / r.peak_flops) for r in roofs]

@@ -133,7 +133,7 @@ def peak_live(plan: list[Action]) -> int:
     return peak
 
 
-def check_plans(plans: list[list[Action]], m: int, v: int) -> None:
+def verify_plans(plans: list[list[Action]], m: int, v: int) -> None:
     """Every rank runs each (chunk, mb) forward exactly once and its backward after it."""
     for rank, plan in enumerate(plans):
         expected = {(k, c, i) for k in "FB" for c in range(v) for i in range(m)}
@@ -170,7 +170,7 @@ def simulate(schedule: str, p: int, m: int, t_f: float = 1.0, t_b: float = 2.0,
     return the event log a live run would record. Raises if the schedule deadlocks."""
     v = check_schedule_args(p, m, schedule, v)
     plans = [make_plan(schedule, p, m, r, v) for r in range(p)]
-    check_plans(plans, m, v)
+    verify_plans(plans, m, v)
     done: dict[Step, float] = {}
     nxt, free = [0] * p, [0.0] * p
     events: list[Event] = []
@@ -221,7 +221,7 @@ def log_violation(events: list[Event], p: int, m: int, v: int = 1) -> str:
     return ""
 
 
-def check_event_log(events: list[Event], p: int, m: int, v: int = 1) -> None:
+def verify_event_log(events: list[Event], p: int, m: int, v: int = 1) -> None:
     """Raise AssertionError with `log_violation`'s words if the log breaks the schedule's rules."""
     violation = log_violation(events, p, m, v)
     if violation:

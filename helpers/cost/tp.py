@@ -14,9 +14,9 @@ from pathlib import Path
 from helpers.checks import check_choice, check_divisible, check_int
 from helpers.configs import LECTURE, MLPConfig
 from helpers.cost import alpha_beta
-from helpers.cost.alpha_beta import OPS
+from helpers.cost.alpha_beta import COST_MODELS
 from helpers.hardware import H100_SXM, HIERARCHY, ROOFLINE_PEAKS
-from helpers.timing import format_seconds
+from helpers.units import format_seconds
 
 LAYOUTS = ("lecture", "megatron", "sequence")
 
@@ -224,7 +224,7 @@ def formula_bytes(layout: str, t: int, config: MLPConfig = LECTURE, bytes_per_el
       sequence: L all-gathers + L reduce-scatters = 2L(t−1)/t · n
     """
     n = config.batch * config.hidden * bytes_per_element
-    return sum((forward + backward) * round(OPS[op].bus_factor(t) * n)
+    return sum((forward + backward) * round(COST_MODELS[op].bus_factor(t) * n)
                for op, (forward, backward) in formula_collectives(layout, config.layers).items())
 
 

@@ -44,7 +44,16 @@ def start_tensor(rank: int, length: int, op: str = "") -> torch.Tensor:
     return torch.arange(length, dtype=torch.float32) + rank
 
 
-def run_collective(rank: int, world_size: int, op: str, length: int = 4, group=None) -> dict:
+@dataclass(frozen=True)
+class BeforeAfter:
+    """One rank's tensor before a collective and the collective's result on that rank
+    (None: the rank holds nothing there, e.g. non-root ranks after a gather)."""
+    before: torch.Tensor | None
+    after: torch.Tensor | None
+
+
+def run_collective(rank: int, world_size: int, op: str, length: int = 4,
+                   group=None) -> BeforeAfter:
     """Rank function: one collective on `arange(length) + rank`; returns before and after.
 
     `rank` is the group's (`group_rank(group)`); `None` stands for "this rank holds nothing
@@ -54,10 +63,10 @@ def run_collective(rank: int, world_size: int, op: str, length: int = 4, group=N
     check_op(op, size, length)
     x = start_tensor(rank, length, op).to(rank_device())
     before = x.clone() if op != "scatter" or rank == ROOT else None
-    return {"before": before, "after": collective(op, x, group)}
+    return BeforeAfter(before, collective(op, x, group))
 
 
-def expected(op: str, world_size: int, length: int = 4) -> list[dict]:
+def expected(op: str, world_size: int, length: int = 4) -> list[BeforeAfter]:
     """What `run_collective` must return on each rank, computed in one process."""
     check_op(op, world_size, length)
     xs = [start_tensor(r, length, op) for r in range(world_size)]
@@ -82,17 +91,18 @@ def expected(op: str, world_size: int, length: int = 4) -> list[dict]:
             after = total
         else:
             after = torch.cat([y.chunk(world_size)[r] for y in xs])
-        out.append({"before": before, "after": after})
+        out.append(BeforeAfter(before, after))
     return out
 
 
-def mismatch(got: list[dict], want: list[dict]) -> str | None:
+def mismatch(got: list[BeforeAfter], want: list[BeforeAfter]) -> str | None:
     """The first rank whose before/after differs from `expected`, in words; None if all agree."""
     for rank, (g, w) in enumerate(zip(got, want)):
         for key in ("before", "after"):
-            if (g[key] is None) != (w[key] is None) or (
-                    g[key] is not None and not torch.equal(g[key].cpu(), w[key])):
-                return f"rank {rank} {key} is {g[key]}, expected {w[key]}"
+            mine, theirs = getattr(g, key), getattr(w, key)
+            if (mine is None) != (theirs is None) or (
+                    mine is not None and not torch.equal(mine.cpu(), theirs)):
+                return f"rank {rank} {key} is {mine}, expected {theirs}"
     return None
 
 

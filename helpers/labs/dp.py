@@ -18,7 +18,7 @@ from helpers.optimizers import make_optimizer, optimizer_spec
 from helpers.parallel.dp import VARIANTS, shard, wrap
 from helpers.parallel.groups import all_reduce_mean, group_rank, group_size, rank_device
 from helpers.parallel.trace import Span
-from helpers.parallel.zero import ShardedOptimizer, state_bytes
+from helpers.parallel.zero import ShardedOptimizer, optimizer_state_bytes
 from helpers.timing import Measurement
 
 TIMED = VARIANTS + ("torch", "compute")  # what a training step can be timed with
@@ -299,7 +299,8 @@ def sharded_vs_plain(rank: int, world_size: int, optimizer: str = "adamw", steps
         equal=all(torch.equal(a, b) for a, b in zip(plain_model.parameters(),
                                                     sharded_model.parameters())),
         params=[p.detach().to("cpu", copy=True) for p in sharded_model.parameters()],
-        plain_state_bytes=state_bytes(plain), sharded_state_bytes=state_bytes(sharded),
+        plain_state_bytes=optimizer_state_bytes(plain),
+        sharded_state_bytes=optimizer_state_bytes(sharded),
         owned_elements=sharded.load[sharded.rank])
 
 

@@ -66,8 +66,9 @@ def _trainer(rank: int, world_size: int, layout: Layout, config: TransformerConf
     if len(_TRAINERS) >= CACHED_LAYOUTS:  # every rank drops the same one: groups stay paired
         _TRAINERS.popitem(last=False)[1][0].close()
     trainer = Trainer3D(rank, world_size, layout.d, layout.t, layout.p, layout.m, config)
-    loss, _, grads = trainer.step(keep_grads=True)
-    first = Rank3D(rank, trainer.me, [loss] if loss is not None else None, grads,
+    result = trainer.step(keep_grads=True)
+    losses = [result.loss] if result.loss is not None else None
+    first = Rank3D(rank, trainer.me, losses, result.grads,
                    cpu_tensors(trainer.stage.named_parameters()), trainer.shards)
     _TRAINERS[key] = trainer, first
     return trainer, first
@@ -100,9 +101,9 @@ def step_layout(rank: int, world_size: int, layout: Layout,
                 config: TransformerConfig = TRANSFORMER, steps: int = 3) -> RankSteps:
     """Rank function: `steps` timed training steps of the cached `layout` (see `_trainer`)."""
     trainer = _trainer(rank, world_size, layout, config)[0]
-    results = [trainer.step(timeline=True)[:2] for _ in range(steps)]
-    return RankSteps(tuple(tuple(spans) for _, spans in results),
-                     tuple(loss for loss, _ in results if loss is not None))
+    results = [trainer.step(timeline=True) for _ in range(steps)]
+    return RankSteps(tuple(tuple(r.spans) for r in results),
+                     tuple(r.loss for r in results if r.loss is not None))
 
 
 # ----------------------------------------------------------------------------------------

@@ -20,7 +20,7 @@ from torch.profiler import record_function
 
 from helpers.checks import check_choice, check_divisible, check_int
 from helpers.configs import SMALL, TransformerConfig
-from helpers.cost.alpha_beta import OPS
+from helpers.cost.alpha_beta import COST_MODELS
 from helpers.cost.memory import (FP32_RUN, MIXED_RUN, STAGES, ZeroMemory, comm_volume,
                                  zero_memory_for)
 from helpers.models import lm_loss, make_tokens, make_transformer, transformer_forward
@@ -67,10 +67,11 @@ class StageRun:
 
     def wire_bytes(self) -> float:
         """What the ring algorithms send per rank: each op's n times its bus factor."""
-        return sum(n * OPS[op].bus_factor(self.d) for op, n in self.comm.items())
+        return sum(n * COST_MODELS[op].bus_factor(self.d) for op, n in self.comm.items())
 
 
-def wrap(stage: int, model, group=None, prefetch: bool = False, optimizer: str = "adamw"):
+def wrap_zero_stage(stage: int, model, group=None, prefetch: bool = False,
+                    optimizer: str = "adamw"):
     """The model under `stage`, owning its optimizer (one of helpers.optimizers.OPTIMIZERS):
     ZeroDP for 0-2, FSDP for 3."""
     cls, kwargs = optimizer_spec(optimizer, SETTING)
@@ -88,7 +89,7 @@ def train_stage(rank: int, world_size: int, stage: int, steps: int = 3,
     r, d = group_rank(group), group_size(group)
     tokens = make_tokens(config)
     ids, targets = shard(tokens.inputs, r, d), shard(tokens.targets, r, d)
-    model = wrap(stage, make_transformer(config), group, prefetch, optimizer)
+    model = wrap_zero_stage(stage, make_transformer(config), group, prefetch, optimizer)
     run = StageRun(stage, d, [], {})
     for step in range(steps):
         measured = measure_last and step == steps - 1

@@ -30,6 +30,14 @@ from helpers.parallel.tp_transformer import check_tensor_degree, shard_block
 from helpers.parallel.trace import Span
 
 
+@dataclass(frozen=True)
+class StepResult:
+    """What one training step of a `Trainer3D` gives back on one rank."""
+    loss: float | None            # the whole batch's loss on the last stage, None elsewhere
+    spans: list[Span] | None      # the step's timeline (timeline=True), else None
+    grads: dict | None            # the gradients before they are zeroed (keep_grads=True)
+
+
 @dataclass
 class Rank3D:
     """What one rank of `train_3d` brings back (tensors on the CPU)."""
@@ -115,12 +123,10 @@ class Trainer3D:
         self.plan = make_plan("1f1b", p, m, self.me.pp)
         self.activation = (config.batch // (d * m), config.seq, config.hidden)
 
-    def step(self, timeline: bool = False, keep_grads: bool = False):
+    def step(self, timeline: bool = False, keep_grads: bool = False) -> StepResult:
         """One training step: forwards and backwards of every micro-batch, DDP's gradient
-        all-reduce, the optimizer step. Returns (loss, spans, grads): the whole batch's loss
-        on the last stage (None elsewhere), the step's `Span`s (timeline=True: from a world
-        barrier right before the step to the end of the optimizer step) and the gradients
-        before they are zeroed (keep_grads=True), else None."""
+        all-reduce, the optimizer step. With timeline=True the spans run from a world barrier
+        right before the step to the end of the optimizer step."""
         with counting() as log:
             clock = Clock(timeline, log)
             if timeline:
@@ -137,7 +143,7 @@ class Trainer3D:
         self.opt.zero_grad(set_to_none=True)
         if loss is not None:  # the whole batch's: the mean of the replicas' means
             loss = all_reduce_mean(torch.tensor(loss), self.groups.dp).item()
-        return loss, clock.spans if timeline else None, grads
+        return StepResult(loss, clock.spans if timeline else None, grads)
 
     def close(self) -> None:
         for group in self.groups:
@@ -159,11 +165,12 @@ def train_3d(rank: int, world_size: int, d: int, t: int, p: int, m: int,
         losses = []
         for step in range(steps):
             last = step == steps - 1
-            loss, spans, grads = trainer.step(timeline=timeline and last, keep_grads=last)
-            if loss is not None:
-                losses.append(loss)
-        return Rank3D(rank, trainer.me, losses if trainer.me.pp == p - 1 else None, grads,
-                      cpu_tensors(trainer.stage.named_parameters()), trainer.shards, spans)
+            result = trainer.step(timeline=timeline and last, keep_grads=last)
+            if result.loss is not None:
+                losses.append(result.loss)
+        return Rank3D(rank, trainer.me, losses if trainer.me.pp == p - 1 else None,
+                      result.grads, cpu_tensors(trainer.stage.named_parameters()),
+                      trainer.shards, result.spans)
     finally:
         trainer.close()
 

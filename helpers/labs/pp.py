@@ -102,14 +102,23 @@ def lecture_forward(rank, world_size, m, config: MLPConfig = LECTURE, group=None
     return torch.cat(outputs) if outputs else None
 
 
-def run_lecture_forward(p: int = 2, m: int = 4, *, ranks=None, config: MLPConfig = LECTURE):
-    """Run `lecture_forward` on p ranks and return the last rank's output."""
+def check_ranks(ranks, backend: str | None = None):
+    """The live ranks a runner uses: a `LiveRanks` (of `backend`, when one is required)."""
+    if not isinstance(ranks, live_ranks.LiveRanks):
+        raise TypeError(f"ranks must be a LiveRanks (helpers.ranks.LiveRanks(p, backend='gloo')); "
+                        f"got {type(ranks).__name__}")
+    if backend is not None and ranks.backend != backend:
+        raise ValueError(f"ranks must be LiveRanks(..., backend={backend!r}): the hand-written "
+                         f"schedules exchange CPU tensors, got backend={ranks.backend!r}")
+    return ranks
+
+
+def run_lecture_forward(ranks, p: int = 2, m: int = 4, config: MLPConfig = LECTURE):
+    """Run `lecture_forward` on p of the live `ranks` and return the last rank's output."""
     check_int("p", p)
     check_int("m", m)
     check_model(p, m, 1, config)
-    if ranks is None:
-        return live_ranks.spawn(lecture_forward, p, m, config)[-1]
-    return ranks.resize(p).run(lecture_forward, m, config)[-1]
+    return check_ranks(ranks).resize(p).run(lecture_forward, m, config)[-1]
 
 
 # ------------------------------------------------------------------------------------------
@@ -249,16 +258,16 @@ class PipelineRun:
                 f"{self.bubble_measured:.3f}, theory {formula} = {self.bubble_theory:.3f}")
 
 
-def run_pipeline(schedule: str = "1f1b", p: int = 2, m: int = 4, *, ranks=None,
+def run_pipeline(ranks, schedule: str = "1f1b", p: int = 2, m: int = 4, *,
                  v: int | None = None, mode: str | None = None, t_f: float = T_F,
                  t_b: float | None = None, config: MLPConfig = LECTURE,
-                 timeout: float = 60) -> PipelineRun:
-    """Run one training step of `schedule` on p live ranks and collect what they recorded.
+                 ) -> PipelineRun:
+    """Run one training step of `schedule` on p of the live `ranks` (a `LiveRanks` on the gloo
+    backend, resized to p) and collect what they recorded.
 
     mode: "compute" (real matmuls, the default while p <= cores) or "wait" (each F waits
     t_f seconds and each B t_b = 2·t_f, using no CPU: the default when p > cores).
-    ranks: a `LiveRanks` on the gloo backend to reuse (resized to p); None spawns fresh ones.
-    All arguments are checked here, before any process starts.
+    All arguments are checked here, before any rank runs.
     """
     v = check_schedule_args(p, m, schedule, v)
     if mode is None:
@@ -269,15 +278,8 @@ def run_pipeline(schedule: str = "1f1b", p: int = 2, m: int = 4, *, ranks=None,
     check_number("t_f", t_f, 0, low_inclusive=False, unit="seconds")
     check_number("t_b", t_b, 0, low_inclusive=False, unit="seconds")
     live_ranks.check_world_size(p)
-    args = (schedule, m, v, mode, t_f, t_b, config)
-    if ranks is None:
-        logs = live_ranks.spawn(pipeline_rank, p, *args, backend="gloo", timeout=timeout)
-    else:
-        ranks.resize(p)
-        if ranks.backend != "gloo":
-            raise ValueError("ranks must be LiveRanks(..., backend='gloo'): the hand-written "
-                             f"schedules exchange CPU tensors, got backend={ranks.backend!r}")
-        logs = ranks.run(pipeline_rank, *args)
+    logs = check_ranks(ranks, "gloo").resize(p).run(pipeline_rank, schedule, m, v, mode, t_f,
+                                                     t_b, config)
     return PipelineRun.from_logs(schedule, m, v, mode, logs)
 
 
@@ -320,15 +322,14 @@ def gradient_error(run: PipelineRun, ref: Reference) -> float:
     return max(worst, abs(run.loss - ref.loss))
 
 
-def check_gradients(run: PipelineRun, ref: Reference) -> str:
-    """assert_close every layer's gradient against single-process training; say so."""
+def verify_gradients(run: PipelineRun, ref: Reference) -> None:
+    """Raise (torch.testing.assert_close's AssertionError, naming the layer) unless the loss and
+    every layer's gradient equal single-process training's."""
     if sorted(run.grads) != sorted(ref.grads):
         raise AssertionError(f"layers {sorted(run.grads)} vs reference {sorted(ref.grads)}")
     for layer, g in ref.grads.items():
         torch.testing.assert_close(run.grads[layer], g, msg=lambda s: f"layer {layer}: {s}")
     torch.testing.assert_close(run.loss, ref.loss)
-    return (f"{run.schedule}: gradients of all {len(ref.grads)} layers equal single-process "
-            f"training (assert_close passed); loss {run.loss:.6f}")
 
 
 # ------------------------------------------------------------------------------------------
@@ -361,19 +362,15 @@ def torch_pipelining_rank(rank, world_size, schedule: str, m: int,
     return StageLog(grads=grads, loss=loss)
 
 
-def run_torch_pipelining(schedule: str = "1f1b", p: int = 2, m: int = 4, *, ranks=None,
-                         config: MLPConfig = LECTURE, timeout: float = 30) -> PipelineRun:
-    """Run `torch_pipelining_rank` on p >= 2 ranks (NCCL when there is a GPU per rank, gloo
-    otherwise); a hang becomes a RankTimeoutError after `timeout` seconds."""
+def run_torch_pipelining(ranks, schedule: str = "1f1b", p: int = 2, m: int = 4,
+                         config: MLPConfig = LECTURE) -> PipelineRun:
+    """Run `torch_pipelining_rank` on p >= 2 of the live `ranks` (NCCL where they have a GPU
+    each, gloo otherwise); a hang becomes a RankTimeoutError after the ranks' timeout."""
     check_choice("schedule", schedule, ("gpipe", "1f1b"))
     check_int("p", p, low=2)
     check_int("m", m)
     check_model(p, m, 1, config)
-    args = (schedule, m, config)
-    if ranks is None:
-        logs = live_ranks.spawn(torch_pipelining_rank, p, *args, timeout=timeout)
-    else:
-        logs = ranks.resize(p).run(torch_pipelining_rank, *args)
+    logs = check_ranks(ranks).resize(p).run(torch_pipelining_rank, schedule, m, config)
     return PipelineRun.from_logs(f"torch {schedule}", m, 1, "compute", logs)
 
 
@@ -389,15 +386,14 @@ def timed_schedule(schedule: str, p: int, m: int, ranks=None, t_f: float = 0.02,
     if ranks is None:
         return simulated_run(schedule, p, m, t_f=t_f)
     stages = p * check_schedule_args(p, m, schedule)
-    return run_pipeline(schedule, p, m, ranks=ranks, mode="wait", t_f=t_f,
+    return run_pipeline(ranks, schedule, p, m, mode="wait", t_f=t_f,
                         config=config.with_(layers=stages))
 
 
 def bubble_sweep(ranks, ps=(2, 4), ms=(1, 2, 4, 8, 16), schedule: str = "1f1b",
                  t_f: float = 0.01) -> list[PipelineRun]:
     """Wait-mode runs on live `ranks` over a grid of (p, m), one run each."""
-    if ranks is None:
-        raise ValueError("ranks must be a LiveRanks: the sweep measures, it does not simulate")
+    check_ranks(ranks)  # the sweep measures: no simulation here
     return [timed_schedule(schedule, p, m, ranks, t_f) for p in ps for m in ms]
 
 

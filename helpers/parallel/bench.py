@@ -13,7 +13,7 @@ that only plans a sweep imports this module cheaply.
 from __future__ import annotations
 
 from helpers.checks import check_choice
-from helpers.cost.alpha_beta import OPS
+from helpers.cost.alpha_beta import COST_MODELS
 from helpers.cost.bench import ELEMENT_BYTES, per_round
 from helpers.timing import times_of
 
@@ -60,7 +60,7 @@ def collective_call(op: str, nbytes: int, group, device):
             for work in dist.batch_isend_irecv(ops):
                 work.wait()
         return ring_shift
-    check_choice("op", op, sorted(OPS))
+    check_choice("op", op, sorted(COST_MODELS))
 
 
 def back_to_back(call, count: int, cuda: bool) -> list[float]:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import contextlib
 from dataclasses import dataclass
 
-from helpers.cost.alpha_beta import OPS
+from helpers.cost.alpha_beta import COST_MODELS
 
 
 @dataclass(frozen=True)
@@ -37,7 +37,7 @@ class Comm:
     @property
     def ring_bytes(self) -> int:
         """Bytes this rank sends under the ring algorithm: alpha_beta's bus factor × n."""
-        return round(OPS[self.op].bus_factor(self.group_size) * self.nbytes)
+        return round(COST_MODELS[self.op].bus_factor(self.group_size) * self.nbytes)
 
 
 @dataclass(frozen=True)

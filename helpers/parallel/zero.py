@@ -121,7 +121,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
                                   "shard is local_optimizer.state_dict()")
 
 
-def state_bytes(optimizer: torch.optim.Optimizer) -> int:
+def optimizer_state_bytes(optimizer: torch.optim.Optimizer) -> int:
     """Bytes of tensors in an optimizer's state on this rank (a ShardedOptimizer: its shard's)."""
     if isinstance(optimizer, ShardedOptimizer):
         optimizer = optimizer.local_optimizer

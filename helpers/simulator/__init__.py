@@ -4,7 +4,8 @@ The model is written out in docs/cost_model.md (Erdil & Schneider-Joseph, *Data 
 limits to frontier model training*, arXiv:2411.01137). Modules, one idea each:
 `settings` and `config` (what a configuration is, as JSON, validated), `matmul` (one matmul on
 one GPU), `scaling` (the scaling laws), `comm` (communication on a hierarchical network),
-`reference` (one step and the search, transcribed plainly), `placement` and `search` (the same
+`reference` (one step and the search, transcribed plainly), `machine` (a GPU and its network
+read once into the hashable records the search carries), `placement` and `search` (the same
 search, fast and bit-identical), `curve` (the curve and its summary points), `report` (the
 JSON output), `gtx580` (the GTX 580 question against Epoch AI's published answer) and
 `__main__` (the CLI). The notebook's figures, tables and app are in `helpers.views.simulator`.

@@ -30,7 +30,7 @@ from pathlib import Path
 
 from helpers.hardware import PRESETS
 
-from .config import load_config, preset, shorten, validate
+from .config import load_config, preset, shorten
 from .curve import run_curve
 from .report import dumps, price_of
 from .settings import BATCH_LAWS, Settings
@@ -71,7 +71,8 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def build(args: argparse.Namespace):
-    """The GPU and settings the arguments describe, validated; ValueError if they cannot work."""
+    """The GPU and settings the arguments describe (a file's shape is checked as it is read;
+    run_curve validates the record); ValueError if they cannot be read."""
     if args.preset is not None:
         gpu, settings = preset(args.preset), None
     else:
@@ -86,9 +87,8 @@ def build(args: argparse.Namespace):
     settings = settings or Settings()
     overrides = {"sparse": args.sparse, "batch_law": args.batch_law, "months": args.months,
                  "threshold": args.threshold, "price_per_gpu": args.price_per_gpu}
-    settings = replace(settings, **{k: v for k, v in overrides.items() if v is not None})
-    validate(gpu, settings)
-    return gpu, settings
+    # not validated here: run_curve validates the record it is given, once
+    return gpu, replace(settings, **{k: v for k, v in overrides.items() if v is not None})
 
 
 def check_target(out: Path) -> bool:
@@ -202,9 +202,9 @@ def main(argv=None) -> int:
             gpu, settings = build(args)
             out = check_output(args.json, args.config)
             tmp = reserve(out)
+            curve = run_curve(gpu, settings)  # a record it refuses is a ValueError too
         except (ValueError, OSError) as e:  # UsageError is a ValueError
             return _fail(e)
-        curve = run_curve(gpu, settings)
         text = dumps({gpu.name: curve}) + "\n"
         try:
             write_atomically(out, tmp, text)

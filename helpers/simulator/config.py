@@ -13,6 +13,7 @@ import stat
 from dataclasses import fields
 from pathlib import Path
 
+from helpers.checks import check_that, is_number, shorten
 from helpers.hardware import GPU, NetworkLevel, PRESETS
 
 from .settings import Settings, validate_settings
@@ -33,28 +34,6 @@ MAX_PLACEMENTS = 5000  # placements of the five degrees per layout: 8×32 levels
 MAX_CONFIG_BYTES = 1 << 20
 
 
-def _is_number(x) -> bool:
-    """A real number a float can hold (a JSON integer of 400 digits is not one)."""
-    if not isinstance(x, (int, float)) or isinstance(x, bool):
-        return False
-    try:
-        return not math.isnan(float(x))
-    except OverflowError:
-        return False
-
-
-def shorten(text: str, limit: int = 80) -> str:
-    """Input quoted in a message: non-printing characters (a terminal's escape codes, lone
-    surrogates, line breaks) as escapes, cut to at most `limit` characters."""
-    text = "".join(c if c.isprintable() else ascii(c)[1:-1] for c in text)
-    return text if len(text) <= limit else text[:limit - 1] + "…"
-
-
-def _check(cond: bool, field: str, allowed: str, value) -> None:
-    if not cond:
-        raise ValueError(f"{field} must be {allowed} (got {shorten(repr(value))})")
-
-
 def _factorizations5(n: int) -> int:
     """How many ordered 5-way factorizations `n` has: C(e+4, 4) per prime power p^e."""
     count, p = 1, 2
@@ -70,10 +49,10 @@ def _factorizations5(n: int) -> int:
 def _check_search_size(levels) -> None:
     """The search enumerates every split of the five degrees over the inner levels: refuse
     networks whose splits would not fit in memory or finish in minutes."""
-    _check(len(levels) <= MAX_LEVELS, "network_levels", f"at most {MAX_LEVELS} levels",
+    check_that(len(levels) <= MAX_LEVELS, "network_levels", f"at most {MAX_LEVELS} levels",
            f"{len(levels)} levels")
     placements = math.prod(_factorizations5(lv.size) for lv in levels[:-1])
-    _check(placements <= MAX_PLACEMENTS, "network_levels",
+    check_that(placements <= MAX_PLACEMENTS, "network_levels",
            f"levels whose sizes allow at most {MAX_PLACEMENTS} placements per layout "
            "(fewer or smaller levels)", f"sizes {[lv.size for lv in levels[:-1]]}: "
            f"{placements} placements")
@@ -88,50 +67,50 @@ def _check_derived(gpu: GPU) -> None:
             value = getattr(gpu, attr)
         except OverflowError:  # an integer field too large for a float (num_sms = 10**400)
             value = math.inf
-        _check(0 < value < math.inf, "flop_per_clock_per_thread, num_sms, bitwidth, max_clock_Hz "
+        check_that(0 < value < math.inf, "flop_per_clock_per_thread, num_sms, bitwidth, max_clock_Hz "
                "and effective_utilization", f"such that the {name} is a finite number > 0", value)
 
 
 def validate_gpu(gpu: GPU) -> GPU:
     """Return `gpu` unchanged if the model can run on it; else raise a ValueError naming
     the field and the range it must be in."""
-    _check(isinstance(gpu.name, str) and gpu.name != "", "name", "a non-empty string", gpu.name)
-    _check(isinstance(gpu.bitwidth, int) and not isinstance(gpu.bitwidth, bool)
+    check_that(isinstance(gpu.name, str) and gpu.name != "", "name", "a non-empty string", gpu.name)
+    check_that(isinstance(gpu.bitwidth, int) and not isinstance(gpu.bitwidth, bool)
            and gpu.bitwidth > 0, "bitwidth", "a positive integer", gpu.bitwidth)
     fpct = gpu.flop_per_clock_per_thread
-    _check(isinstance(fpct, dict) and gpu.bitwidth in fpct, "flop_per_clock_per_thread",
+    check_that(isinstance(fpct, dict) and gpu.bitwidth in fpct, "flop_per_clock_per_thread",
            f"a map with an entry for bitwidth {gpu.bitwidth}", fpct)
     for bits, v in fpct.items():
-        _check(_is_number(v) and 0 < v < math.inf, f"flop_per_clock_per_thread[{bits}]",
+        check_that(is_number(v) and 0 < v < math.inf, f"flop_per_clock_per_thread[{bits}]",
                "a finite number > 0 (FLOP/s must be positive)", v)
-    _check(isinstance(gpu.num_sms, int) and not isinstance(gpu.num_sms, bool)
+    check_that(isinstance(gpu.num_sms, int) and not isinstance(gpu.num_sms, bool)
            and gpu.num_sms > 0, "num_sms", "a positive integer", gpu.num_sms)
     for name in _NUMBER_FIELDS:
         v = getattr(gpu, name)
-        _check(_is_number(v) and 0 < v < math.inf, name, "a finite number > 0", v)
-    _check(_is_number(gpu.effective_utilization) and 0 < gpu.effective_utilization <= 1,
+        check_that(is_number(v) and 0 < v < math.inf, name, "a finite number > 0", v)
+    check_that(is_number(gpu.effective_utilization) and 0 < gpu.effective_utilization <= 1,
            "effective_utilization", "in (0, 1]", gpu.effective_utilization)
-    _check(isinstance(gpu.distributed_shared_memory, bool), "distributed_shared_memory",
+    check_that(isinstance(gpu.distributed_shared_memory, bool), "distributed_shared_memory",
            "true or false", gpu.distributed_shared_memory)
-    _check(_is_number(gpu.latency_per_matmul_s) and 0 <= gpu.latency_per_matmul_s < math.inf,
+    check_that(is_number(gpu.latency_per_matmul_s) and 0 <= gpu.latency_per_matmul_s < math.inf,
            "latency_per_matmul_s", "a finite number >= 0", gpu.latency_per_matmul_s)
     levels = gpu.network_levels
-    _check(isinstance(levels, tuple) and len(levels) >= 1, "network_levels",
+    check_that(isinstance(levels, tuple) and len(levels) >= 1, "network_levels",
            "a non-empty list of levels, innermost first", levels)
     for k, lv in enumerate(levels):
         where = f"network_levels[{k}]"
-        _check(isinstance(lv, NetworkLevel), where, "a network level", lv)
-        _check(_is_number(lv.bandwidth_Bps) and lv.bandwidth_Bps > 0, f"{where}.bandwidth_Bps",
+        check_that(isinstance(lv, NetworkLevel), where, "a network level", lv)
+        check_that(is_number(lv.bandwidth_Bps) and lv.bandwidth_Bps > 0, f"{where}.bandwidth_Bps",
                "a number > 0 (infinity allowed)", lv.bandwidth_Bps)
-        _check(_is_number(lv.latency_s) and 0 <= lv.latency_s < math.inf, f"{where}.latency_s",
+        check_that(is_number(lv.latency_s) and 0 <= lv.latency_s < math.inf, f"{where}.latency_s",
                "a finite number >= 0", lv.latency_s)
         if k < len(levels) - 1:
-            _check(isinstance(lv.size, int) and not isinstance(lv.size, bool)
+            check_that(isinstance(lv.size, int) and not isinstance(lv.size, bool)
                    and 1 <= lv.size <= MAX_LEVEL_SIZE, f"{where}.size",
                    f"an integer in [1, {MAX_LEVEL_SIZE}] (every level but the last has a size)",
                    lv.size)
         else:
-            _check(lv.size is None, f"{where}.size",
+            check_that(lv.size is None, f"{where}.size",
                    "absent: the last level is unbounded", lv.size)
     _check_search_size(levels)
     _check_derived(gpu)
@@ -250,8 +229,8 @@ _SETTINGS_TYPES = {"tokens_per_param": "number", "depth_coef": "number", "depth_
 
 def _json_type_ok(value, kind: str) -> bool:
     if kind == "number or null":
-        return value is None or _is_number(value)
-    return {"number": _is_number, "string": lambda v: isinstance(v, str),
+        return value is None or is_number(value)
+    return {"number": is_number, "string": lambda v: isinstance(v, str),
             "bool": lambda v: isinstance(v, bool),
             "list of strings": lambda v: isinstance(v, list) and v != []
             and all(isinstance(x, str) for x in v)}[kind](value)
@@ -260,11 +239,11 @@ def _json_type_ok(value, kind: str) -> bool:
 def settings_from_json(data) -> Settings:
     """The `settings` section of a config file, each field's JSON type checked first (so a
     null, a string where a number belongs or a 400-digit integer is named, not a crash)."""
-    _check(isinstance(data, dict), "settings", "an object of settings", data)
+    check_that(isinstance(data, dict), "settings", "an object of settings", data)
     for name, value in data.items():
         kind = _SETTINGS_TYPES.get(name)
         if kind is not None:
-            _check(_json_type_ok(value, kind), f"settings.{name}", f"a JSON {kind}", value)
+            check_that(_json_type_ok(value, kind), f"settings.{name}", f"a JSON {kind}", value)
     return Settings.from_json(data)
 
 
@@ -282,17 +261,17 @@ def _check_grid(settings: Settings) -> None:
         models = grid(settings)
     except OverflowError:
         models = None
-    _check(models is not None, "depth_coef and depth_exp",
+    check_that(models is not None, "depth_coef and depth_exp",
            "small enough that the layer count of every grid model is finite",
            (settings.depth_coef, settings.depth_exp))
     T = settings.duration_s
-    _check(0 < T < math.inf, "months", "a duration that is finite and > 0 in seconds",
+    check_that(0 < T < math.inf, "months", "a duration that is finite and > 0 in seconds",
            settings.months)
     for m in models:
-        _check(math.isfinite(m.C) and math.isfinite(m.D), "tokens_per_param",
+        check_that(math.isfinite(m.C) and math.isfinite(m.D), "tokens_per_param",
                "small enough that the training compute of every grid model is finite",
                settings.tokens_per_param)
         # The search looks for the longest step that still finishes in time: it must be > 0.
-        _check(T / (m.D / m.B) > 0, "months and tokens_per_param",
+        check_that(T / (m.D / m.B) > 0, "months and tokens_per_param",
                "such that one training step of every grid model may take more than 0 s",
                (settings.months, settings.tokens_per_param))

@@ -8,6 +8,8 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, fields
 
+from helpers.checks import check_that, is_number
+
 BATCH_LAWS = ("default", "none", "deepseek")
 SCHEDULES = ("1f1b", "interleaved", "zero_bubble")
 SECONDS_PER_YEAR = 3.154e7
@@ -52,34 +54,21 @@ class Settings:
         return validate_settings(cls(**data))
 
 
-def _positive(name: str, value) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0 \
-            or not math.isfinite(value):
-        raise ValueError(f"{name} must be a finite number > 0 (got {value!r})")
-
-
 def validate_settings(s: Settings) -> Settings:
     """Return `s` unchanged if the model can run with it; else raise a ValueError naming
     the field and the range it must be in."""
-    _positive("tokens_per_param", s.tokens_per_param)
-    if s.batch_law not in BATCH_LAWS:
-        raise ValueError(f"batch_law must be one of {', '.join(BATCH_LAWS)} (got {s.batch_law!r})")
-    _positive("depth_coef", s.depth_coef)
-    _positive("depth_exp", s.depth_exp)
-    if not isinstance(s.sparse, bool):
-        raise ValueError(f"sparse must be true or false (got {s.sparse!r})")
-    if not s.schedules or any(x not in SCHEDULES for x in s.schedules):
-        raise ValueError(f"schedules must be a non-empty subset of {', '.join(SCHEDULES)} "
-                         f"(got {s.schedules!r})")
-    for name in ("overlap_tp", "overlap_pp", "overlap_dp"):
-        if not isinstance(getattr(s, name), bool):
-            raise ValueError(f"{name} must be true or false (got {getattr(s, name)!r})")
-    _positive("months", s.months)
-    t = s.threshold
-    if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 < t <= 1:
-        raise ValueError(f"threshold must be in (0, 1] (got {t!r})")
+    for name in ("tokens_per_param", "depth_coef", "depth_exp", "months"):
+        value = getattr(s, name)
+        check_that(is_number(value) and 0 < value < math.inf, name, "a finite number > 0", value)
+    check_that(s.batch_law in BATCH_LAWS, "batch_law", f"one of {', '.join(BATCH_LAWS)}",
+               s.batch_law)
+    for name in ("sparse", "overlap_tp", "overlap_pp", "overlap_dp"):
+        check_that(isinstance(getattr(s, name), bool), name, "true or false", getattr(s, name))
+    check_that(bool(s.schedules) and all(x in SCHEDULES for x in s.schedules), "schedules",
+               f"a non-empty subset of {', '.join(SCHEDULES)}", s.schedules)
+    check_that(is_number(s.threshold) and 0 < s.threshold <= 1, "threshold", "in (0, 1]",
+               s.threshold)
     p = s.price_per_gpu
-    if p is not None and (isinstance(p, bool) or not isinstance(p, (int, float))
-                          or not 0 <= p < math.inf):
-        raise ValueError(f"price_per_gpu must be a finite number >= 0 or null (got {p!r})")
+    check_that(p is None or (is_number(p) and 0 <= p < math.inf), "price_per_gpu",
+               "a finite number >= 0 or null", p)
     return s

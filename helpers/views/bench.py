@@ -13,7 +13,7 @@ from helpers.labs.bench import SIZE_EXPONENTS, cores_line, run_small_sweep
 
 # The world-size slider stops here by default: each extra CPU rank is a process that imports
 # torch (seconds on a small machine). Pass max_world_size=8 for the full range.
-MAX_WIDGET_WORLD_SIZE = 4
+MAX_SWEEP_WORLD_SIZE = 4
 
 
 def plot_sweep(records: list[dict], fits: dict | None = None) -> Figure:
@@ -57,10 +57,10 @@ def plot_sweep(records: list[dict], fits: dict | None = None) -> Figure:
     return fig
 
 
-def widget_sweep(ranks, max_world_size: int = MAX_WIDGET_WORLD_SIZE) -> W.Widget:
+def widget_sweep(ranks, max_world_size: int = MAX_SWEEP_WORLD_SIZE) -> W.Widget:
     """Operation, world size and size range -> re-run a small sweep and redraw."""
     wide = {"description_width": "initial"}
-    op = W.Dropdown(options=sorted(ab.OPS), value="all_reduce", description="operation", style=wide)
+    op = W.Dropdown(options=sorted(ab.COST_MODELS), value="all_reduce", description="operation", style=wide)
     p = W.IntSlider(value=2, min=2, max=max_world_size, description="world size p (ranks)",
                     continuous_update=False, style=wide)
     sizes = W.IntRangeSlider(value=(10, 20), min=SIZE_EXPONENTS[0], max=SIZE_EXPONENTS[1],

@@ -18,7 +18,7 @@ from helpers.labs.collectives import expected, run_all
 from helpers.parallel.collectives import OPS, SPLITTING_OPS
 from helpers.views.kit import FULL_LABEL, png
 
-MAX_WIDGET_WORLD_SIZE = 8   # the world-size slider's end
+MAX_WORLD_SIZE = 8   # the world-size slider's end
 MAX_LENGTH = 16             # the length slider's end
 DIGIT_CELLS = 16            # a block shows its numbers when a cell is at least 1/16 of it
 GAP = 1.6                   # cells between the before and after blocks
@@ -60,8 +60,8 @@ class _Block:
 
 
 def _blocks(results: list[dict]) -> tuple[_Block, _Block]:
-    befores = [r["before"] for r in results]
-    afters = [r["after"] for r in results]
+    befores = [r.before for r in results]
+    afters = [r.after for r in results]
     before_len = max([len(t) for t in befores if t is not None] + [1])
     after_len = max([len(t) for t in afters if t is not None] + [1])
     after_width = min(after_len, max(before_len, DIGIT_CELLS))
@@ -226,12 +226,12 @@ class CollectivesView:
 
     def _draw_ahead(self, world_size: int, length: int) -> None:
         nearby = [(world_size + 1, length), (world_size - 1, length), (1, length),
-                  (MAX_WIDGET_WORLD_SIZE, length), (world_size, length + 1),
+                  (MAX_WORLD_SIZE, length), (world_size, length + 1),
                   (world_size, length - 1)]
         with self._lock:
             for w, n in nearby:
                 key = (w, n)
-                if (1 <= w <= MAX_WIDGET_WORLD_SIZE and 1 <= n <= MAX_LENGTH
+                if (1 <= w <= MAX_WORLD_SIZE and 1 <= n <= MAX_LENGTH
                         and key not in self._pictures and key not in self._queued):
                     self._queued.add(key)
                     self._queue.put(key)
@@ -257,8 +257,8 @@ def widget_collectives(live) -> W.Widget:
     """Sliders for world size (1–8 ranks) and length (1–16 elements per rank), acting on
     release; reruns every collective on the live ranks and redraws."""
     style = FULL_LABEL
-    size = W.IntSlider(value=min(live.world_size, MAX_WIDGET_WORLD_SIZE), min=1,
-                       max=MAX_WIDGET_WORLD_SIZE, description="world size (ranks)",
+    size = W.IntSlider(value=min(live.world_size, MAX_WORLD_SIZE), min=1,
+                       max=MAX_WORLD_SIZE, description="world size (ranks)",
                        continuous_update=False, style=style)
     length = W.IntSlider(value=4, min=1, max=MAX_LENGTH, description="length (elements per rank)",
                          continuous_update=False, style=style)

@@ -1,13 +1,15 @@
 """Pictures and widgets of notebook 03: the measured DDP timeline and the ZeRO memory sliders."""
 from __future__ import annotations
 
-import ipywidgets as w
-import matplotlib.pyplot as plt
+import ipywidgets as W
 from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+from matplotlib.patches import Rectangle
 
 from helpers.cost.memory import MIXED_PRECISION_ADAM_BYTES, STAGES, zero_memory_per_rank
 from helpers.parallel.trace import Span
-from helpers.views.kit import FULL_LABEL, human_bytes
+from helpers.units import format_decimal_bytes
+from helpers.views.kit import FULL_LABEL
 
 COLOURS = {"forward": "#9ecae1", "backward": "#3182bd", "all_reduce": "#e6550d"}
 
@@ -18,8 +20,8 @@ def plot_timeline(traces: dict[str, list[list[Span]]]) -> Figure:
     ticks where a gradient became ready. Time 0 is the first rank's start of that variant's
     step (they left a barrier)."""
     rows = [(v, r, events) for v, per_rank in traces.items() for r, events in enumerate(per_rank)]
-    fig, ax = plt.subplots(figsize=(9, 0.6 * len(rows) + 1.2))
-    plt.close(fig)  # the caller displays it
+    fig = Figure(figsize=(9, 0.6 * len(rows) + 1.2))
+    ax = fig.subplots()
     starts = {v: min(e.start for events in per_rank for e in events)
               for v, per_rank in traces.items()}
     for y, (v, _, events) in enumerate(rows):
@@ -38,8 +40,8 @@ def plot_timeline(traces: dict[str, list[list[Span]]]) -> Figure:
     ax.set_yticks(range(len(rows)), [f"{v} rank {r}" for v, r, _ in rows])
     ax.invert_yaxis()
     ax.set_xlabel("ms since the step started (first rank)")
-    handles = [plt.Rectangle((0, 0), 1, 1, color=c, alpha=0.6 if k == "all_reduce" else 1)
-               for k, c in COLOURS.items()] + [plt.Line2D([], [], color="black")]
+    handles = [Rectangle((0, 0), 1, 1, color=c, alpha=0.6 if k == "all_reduce" else 1)
+               for k, c in COLOURS.items()] + [Line2D([], [], color="black")]
     ax.legend(handles, ["forward", "backward", "all-reduce in flight", "gradient ready (hook)"],
               loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=4, frameon=False)
     return fig
@@ -54,7 +56,7 @@ def zero_memory_text(psi: float, d: int, stage: int,
              f"  {'stage':<30}{'weights':>10}{'gradients':>11}{'optimizer':>11}{'total':>10}"]
     for s, name in STAGES.items():
         m = zero_memory_per_rank(psi, d, s, optimizer_bytes=optimizer_bytes)
-        cells = [human_bytes(b).rjust(w) for b, w in
+        cells = [format_decimal_bytes(b).rjust(width) for b, width in
                  ((m.params, 10), (m.grads, 11), (m.optimizer, 11), (m.total, 10))]
         lines.append(f"{'>' if s == stage else ' '} {name:<30}" + "".join(cells))
     return "\n".join(lines)
@@ -63,18 +65,18 @@ def zero_memory_text(psi: float, d: int, stage: int,
 D_OPTIONS = tuple(2**k for k in range(11))  # d = 1 … 1024 ranks, one notch per doubling
 
 
-def widget_zero_memory() -> w.Widget:
+def widget_zero_memory() -> W.Widget:
     """Sliders for Ψ (log scale), d (powers of two), stage and K (optimizer bytes per
     parameter) over zero_memory_text; they act on release."""
-    style, layout = FULL_LABEL, w.Layout(width="560px")
+    style, layout = FULL_LABEL, W.Layout(width="560px")
     common = dict(continuous_update=False, style=style, layout=layout)
-    return w.interactive(
+    return W.interactive(
         lambda psi, d, stage, optimizer_bytes: print(
             zero_memory_text(psi, d, stage, optimizer_bytes)),
-        psi=w.FloatLogSlider(value=7.5e9, base=10, min=6, max=12, step=0.125,
+        psi=W.FloatLogSlider(value=7.5e9, base=10, min=6, max=12, step=0.125,
                              readout_format=".3g", description="Ψ (parameters)", **common),
-        d=w.SelectionSlider(options=D_OPTIONS, value=64, description="d (data-parallel ranks)",
+        d=W.SelectionSlider(options=D_OPTIONS, value=64, description="d (data-parallel ranks)",
                             **common),
-        stage=w.SelectionSlider(options=(0, 1, 2, 3), value=1, description="ZeRO stage", **common),
-        optimizer_bytes=w.IntSlider(value=MIXED_PRECISION_ADAM_BYTES, min=0, max=16,
+        stage=W.SelectionSlider(options=(0, 1, 2, 3), value=1, description="ZeRO stage", **common),
+        optimizer_bytes=W.IntSlider(value=MIXED_PRECISION_ADAM_BYTES, min=0, max=16,
                                     description="K (optimizer bytes per parameter)", **common))

@@ -3,7 +3,7 @@ dropped, and the widget that moves the router (top-k, capacity factor, skew, see
 returns a Figure, `widget_*` a widget; `show_load` is the widget's callback."""
 from __future__ import annotations
 
-import ipywidgets as w
+import ipywidgets as W
 from IPython.display import display
 from matplotlib.figure import Figure
 
@@ -53,18 +53,18 @@ def show_load(top_k: int, capacity_factor: float, skew: float, seed: int, e: int
     return load
 
 
-def widget_experts(e: int = 4, config: MoEConfig = MOE) -> w.VBox:
+def widget_experts(e: int = 4, config: MoEConfig = MOE) -> W.VBox:
     """Top-k, capacity factor, router skew and seed; acts on release, redraws into its Output."""
     common = dict(continuous_update=False, style=FULL_LABEL,
-                  layout=w.Layout(width="520px"))
-    top_k = w.ToggleButtons(options=[("top-1", 1), ("top-2", 2)], value=config.top_k,
+                  layout=W.Layout(width="520px"))
+    top_k = W.ToggleButtons(options=[("top-1", 1), ("top-2", 2)], value=config.top_k,
                             description="experts per token (k)", style=FULL_LABEL)
-    factor = w.SelectionSlider(options=CAPACITY_FACTORS, value=1.25,
+    factor = W.SelectionSlider(options=CAPACITY_FACTORS, value=1.25,
                                description="capacity factor (× balanced share)", **common)
-    skew = w.FloatSlider(value=0.0, min=0.0, max=3.0, step=0.25,
+    skew = W.FloatSlider(value=0.0, min=0.0, max=3.0, step=0.25,
                          description="router skew toward expert 0 (logit per expert)", **common)
-    seed = w.IntSlider(value=config.seed, min=0, max=9, description="router seed", **common)
-    out = w.Output()
+    seed = W.IntSlider(value=config.seed, min=0, max=9, description="router seed", **common)
+    out = W.Output()
 
     def redraw(_=None):
         with out:
@@ -74,4 +74,4 @@ def widget_experts(e: int = 4, config: MoEConfig = MOE) -> w.VBox:
     for control in (top_k, factor, skew, seed):
         control.observe(redraw, names="value")
     redraw()
-    return w.VBox([top_k, factor, skew, seed, out])
+    return W.VBox([top_k, factor, skew, seed, out])

@@ -7,7 +7,7 @@ import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.patches import FancyBboxPatch, Rectangle
 
-from helpers.cost.roofline import Roofline, matmul_verdicts
+from helpers.cost.roofline import Roofline, matmul_points
 from helpers.hardware import HIERARCHY
 from helpers.hierarchy import capacity_text, latency_text, level, rate_text
 from helpers.views.kit import FULL_LABEL, Blitted
@@ -190,17 +190,17 @@ def roofline_text(roofs: list[Roofline], n: int, dtype: str) -> str:
         [f"n×n×n matmul, n = {n:,}, {dtype}:"]
         + [f"{v.machine:>24}: {v.bound:<13} reaches {100 * v.attainable_fraction:5.1f}% of peak "
            f"(intensity {v.intensity:.3g} vs ridge {v.ridge:.3g} FLOP/B)"
-           for v in matmul_verdicts(n, dtype, roofs)])
+           for v in matmul_points(n, dtype, roofs)])
 
 
 class RooflineView:
     """The roofline figure, built once; `update(n, dtype)` moves the marker and returns the
-    PNG and the verdicts. (The widget's callback, callable without a browser.)"""
+    PNG and the text under it. (The widget's callback, callable without a browser.)"""
 
     def __init__(self, roofs: list[Roofline], n: int = 1024, dtype: str = "float32"):
         self.roofs = roofs
-        verdicts = matmul_verdicts(n, dtype, roofs)
-        fig = plot_roofline(roofs, {f"n={n} ({dtype})": verdicts[0].intensity})
+        points = matmul_points(n, dtype, roofs)
+        fig = plot_roofline(roofs, {f"n={n} ({dtype})": points[0].intensity})
         ax = fig.axes[0]
         self.line, self.label = ax.lines[-1], ax.texts[-1]
         self.blit = Blitted(fig, [self.line, self.label])
@@ -210,7 +210,7 @@ class RooflineView:
         return self.blit.figure
 
     def update(self, n: int, dtype: str) -> tuple[bytes, str]:
-        intensity = matmul_verdicts(n, dtype, self.roofs)[0].intensity
+        intensity = matmul_points(n, dtype, self.roofs)[0].intensity
         self.line.set_xdata([intensity, intensity])
         self.label.set_x(intensity)
         self.label.set_text(f" n={n} ({dtype})")
@@ -231,9 +231,9 @@ def widget_roofline(roofs: list[Roofline]) -> W.Widget:
     text = W.HTML()
 
     def redraw(*_):
-        picture, verdicts = view.update(size.value, dtype.value)
+        picture, lines = view.update(size.value, dtype.value)
         image.value = picture
-        text.value = f"<pre style='font-size: 12px; line-height: 1.3'>{verdicts}</pre>"
+        text.value = f"<pre style='font-size: 12px; line-height: 1.3'>{lines}</pre>"
 
     size.observe(redraw, names="value")
     dtype.observe(redraw, names="value")

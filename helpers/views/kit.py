@@ -104,13 +104,3 @@ def image_output(png_bytes: bytes, title: str = "") -> dict:
 def text_output(text: str) -> dict:
     """A line of text as one stdout stream output."""
     return {"output_type": "stream", "name": "stdout", "text": text + "\n"}
-
-
-# --- words ------------------------------------------------------------------------------
-
-def human_bytes(n: float) -> str:
-    """Three significant digits in B, kB, MB, GB or TB (powers of 1000, as the ZeRO paper)."""
-    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if n >= scale:
-            return f"{n / scale:.3g} {unit}"
-    return f"{n:.3g} B"

@@ -4,17 +4,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import ipywidgets as w
-import matplotlib.pyplot as plt
+import ipywidgets as W
 from IPython.display import display
 from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+from matplotlib.patches import Rectangle
 
 from helpers.checks import check_choice
 from helpers.configs import SMALL, TRANSFORMER, TransformerConfig
 from helpers.cost.memory import (FP32_RUN, PRECISIONS, STAGES, ModelPreset, PlannedMemory,
                                  plan_memory, preset)
 from helpers.labs.memory import StageResult
-from helpers.views.kit import FULL_LABEL, human_bytes
+from helpers.units import format_decimal_bytes
+from helpers.views.kit import FULL_LABEL
 
 PARTS = ("params", "grads", "optimizer", "activations")
 COLOURS = {"params": "#3182bd", "grads": "#e6550d", "optimizer": "#31a354",
@@ -37,8 +39,8 @@ def _stack(ax, x, values: dict[str, float], width=0.7, highlight=False, scale=1e
 def plot_measured_vs_formula(results: list[StageResult]) -> Figure:
     """One stacked bar per (stage, d): measured parameters, gradients, optimizer state and
     saved activations of rank 0; a black tick at the fp32 formula's state total."""
-    fig, ax = plt.subplots(figsize=(10, 4), layout="constrained")
-    plt.close(fig)
+    fig = Figure(figsize=(10, 4), layout="constrained")
+    ax = fig.subplots()
     labels = []
     for x, res in enumerate(results):
         s = res.run.state
@@ -48,8 +50,8 @@ def plot_measured_vs_formula(results: list[StageResult]) -> Figure:
         labels.append(f"stage {res.stage}\nd={res.d}")
     ax.set_xticks(range(len(results)), labels, fontsize=8)
     ax.set_ylabel("MB per rank (10⁶ bytes)")
-    handles = [plt.Rectangle((0, 0), 1, 1, color=COLOURS[p]) for p in PARTS]
-    handles.append(plt.Line2D([], [], color="black", linewidth=2))
+    handles = [Rectangle((0, 0), 1, 1, color=COLOURS[p]) for p in PARTS]
+    handles.append(Line2D([], [], color="black", linewidth=2))
     ax.legend(handles, [LABELS[p] for p in PARTS] + ["formula: state (fp32 AdamW)"],
               fontsize=8, ncol=5, loc="upper center", bbox_to_anchor=(0.5, -0.2), frameon=False)
     ax.set_title("What rank 0 holds after a step, measured (bars) and the formula (ticks)")
@@ -59,8 +61,8 @@ def plot_measured_vs_formula(results: list[StageResult]) -> Figure:
 def plot_step_memory(results: list[StageResult], d: int) -> Figure:
     """Bytes live on rank 0 over one step (the profiler's allocator records), one line per
     stage at data degree d; dots at the peak."""
-    fig, ax = plt.subplots(figsize=(9, 3.8), layout="constrained")
-    plt.close(fig)
+    fig = Figure(figsize=(9, 3.8), layout="constrained")
+    ax = fig.subplots()
     for res in results:
         if res.d != d:
             continue
@@ -137,8 +139,8 @@ def planner_figure(model: str, d: int, stage: int, checkpointed: bool, precision
     check_choice("stage", stage, STAGES)
     check_choice("precision", precision, PRECISIONS)
     preset_ = MODELS[model]
-    fig, ax = plt.subplots(figsize=(8.5, 4.2), layout="constrained")
-    plt.close(fig)
+    fig = Figure(figsize=(8.5, 4.2), layout="constrained")
+    ax = fig.subplots()
     plans = [plan_memory(preset_, d, s, checkpointed, precision) for s in STAGES]
     scale = 1e9 if plans[0].total >= 1e9 else 1e6
     unit = "GB" if scale == 1e9 else "MB"
@@ -146,7 +148,7 @@ def planner_figure(model: str, d: int, stage: int, checkpointed: bool, precision
         top = _stack(ax, s, {"params": plan.state.params, "grads": plan.state.grads,
                              "optimizer": plan.state.optimizer,
                              "activations": plan.activations}, highlight=s == stage, scale=scale)
-        ax.annotate(human_bytes(plan.total), (s, top), ha="center", va="bottom", fontsize=8,
+        ax.annotate(format_decimal_bytes(plan.total), (s, top), ha="center", va="bottom", fontsize=8,
                     xytext=(0, 2), textcoords="offset points")
     shown = [p for p in measured if model == MEASURED_MODEL and precision == FP32_RUN
              and p.d == d and p.checkpointed == checkpointed]
@@ -161,28 +163,28 @@ def planner_figure(model: str, d: int, stage: int, checkpointed: bool, precision
     ax.set_title(f"{model}: Ψ = {preset_.parameters:.3g}, d = {d}, "
                  f"{pb:g}+{gb:g}+{kb:g} bytes per parameter"
                  + (", checkpointed" if checkpointed else ""), fontsize=9)
-    handles = [plt.Rectangle((0, 0), 1, 1, color=COLOURS[p]) for p in PARTS]
+    handles = [Rectangle((0, 0), 1, 1, color=COLOURS[p]) for p in PARTS]
     fig.legend(handles, [LABELS[p] for p in PARTS], fontsize=8, ncol=4, loc="outside lower center",
                frameon=False)
     return fig
 
 
-def widget_memory_planner(measured: list[MeasuredPoint] = ()) -> w.Widget:
+def widget_memory_planner(measured: list[MeasuredPoint] = ()) -> W.Widget:
     """Model, d (only the values the model allows), ZeRO stage, checkpointing and precision
     → planner_figure. Controls act on release; the figure is drawn, then shown."""
-    style, layout = FULL_LABEL, w.Layout(width="620px")
-    model = w.Dropdown(options=list(MODELS), value=MEASURED_MODEL, description="model",
+    style, layout = FULL_LABEL, W.Layout(width="620px")
+    model = W.Dropdown(options=list(MODELS), value=MEASURED_MODEL, description="model",
                        style=style, layout=layout)
-    d = w.SelectionSlider(options=d_options(MODELS[MEASURED_MODEL]), value=2,
+    d = W.SelectionSlider(options=d_options(MODELS[MEASURED_MODEL]), value=2,
                           description="d (data-parallel ranks)", continuous_update=False,
                           style=style, layout=layout)
-    stage = w.ToggleButtons(options=[(str(s), s) for s in STAGES], value=3,
+    stage = W.ToggleButtons(options=[(str(s), s) for s in STAGES], value=3,
                             description="ZeRO stage", style=style)
-    checkpointed = w.Checkbox(value=False, description="activation checkpointing per block",
-                              indent=False, layout=w.Layout(width="auto"))  # label in full
-    precision = w.Dropdown(options=list(PRECISIONS), value=FP32_RUN, description="dtypes",
+    checkpointed = W.Checkbox(value=False, description="activation checkpointing per block",
+                              indent=False, layout=W.Layout(width="auto"))  # label in full
+    precision = W.Dropdown(options=list(PRECISIONS), value=FP32_RUN, description="dtypes",
                            style=style, layout=layout)
-    out = w.Output()
+    out = W.Output()
 
     def redraw(*_):
         fig = planner_figure(model.value, d.value, stage.value, checkpointed.value,
@@ -206,5 +208,5 @@ def widget_memory_planner(measured: list[MeasuredPoint] = ()) -> w.Widget:
     for control in (d, stage, checkpointed, precision):
         control.observe(redraw, names="value")
     redraw()
-    return w.VBox([model, d, stage, checkpointed, precision, out])
+    return W.VBox([model, d, stage, checkpointed, precision, out])
 

@@ -2,7 +2,7 @@
 groups."""
 from __future__ import annotations
 
-import matplotlib.pyplot as plt
+from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import FancyArrowPatch, FancyBboxPatch, Patch
 
@@ -22,7 +22,8 @@ def plot_mesh(mesh: Layout, title: str | None = None):
     d, t, p = mesh.d, mesh.t, mesh.p
     width = p * t + (p - 1) * _GAP
     size = (min(16, max(7.5, 1.15 * width + 1.6)), min(12, 0.95 * d * _ROW + 2.4))
-    fig, ax = plt.subplots(figsize=size, layout="constrained")
+    fig = Figure(figsize=size, layout="constrained")
+    ax = fig.subplots()
 
     def centre(rank):
         dp, tp, pp = mesh.coords(rank)

@@ -2,8 +2,8 @@
 breakdown by cause, the per-rank spans of one step, and the widget that runs a layout."""
 from __future__ import annotations
 
-import ipywidgets as widgets
-import matplotlib.pyplot as plt
+import ipywidgets as W
+from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
 from helpers.cost.parallel3d import Breakdown, Comparison, predict
@@ -25,7 +25,8 @@ def _name(layout: Layout) -> str:
 
 def plot_parity(comparisons: list[Comparison], band: float = 0.15):
     """Predicted against measured step time, one point per layout, with the ±`band` cone."""
-    fig, ax = plt.subplots(figsize=(5.2, 4.6), layout="constrained")
+    fig = Figure(figsize=(5.2, 4.6), layout="constrained")
+    ax = fig.subplots()
     measured = [1e3 * c.step_s for c in comparisons]
     predicted = [1e3 * c.predicted_s for c in comparisons]
     top = 1.15 * max(measured + predicted)
@@ -43,7 +44,8 @@ def plot_parity(comparisons: list[Comparison], band: float = 0.15):
 
 def plot_breakdown(comparisons: list[Comparison]):
     """Stacked bars per layout: measured (left) and predicted (right), by cause."""
-    fig, ax = plt.subplots(figsize=(max(5.0, 1.5 * len(comparisons) + 2), 4.2), layout="constrained")
+    fig = Figure(figsize=(max(5.0, 1.5 * len(comparisons) + 2), 4.2), layout="constrained")
+    ax = fig.subplots()
     width = 0.38
     for i, c in enumerate(comparisons):
         for dx, parts, hatch in ((-width / 2, c.measured, ""), (width / 2, c.predicted.breakdown, "//")):
@@ -62,7 +64,8 @@ def plot_breakdown(comparisons: list[Comparison]):
 def plot_gantt(timelines, title: str = "one step, rank by rank"):
     """Every rank's spans of one step: compute, TP, pipeline and DP communication, the
     optimizer."""
-    fig, ax = plt.subplots(figsize=(9, 0.5 * len(timelines) + 1.4), layout="constrained")
+    fig = Figure(figsize=(9, 0.5 * len(timelines) + 1.4), layout="constrained")
+    ax = fig.subplots()
     for rank, spans in enumerate(timelines):
         for span in spans:
             ax.barh(rank, 1e3 * (span.end - span.start), left=1e3 * span.start, height=0.7,
@@ -102,11 +105,11 @@ def widget_parallel3d(live, calibration, config, steps: int = 3):
 
     meshes = [mesh for mesh in factorizations(world)
               if mesh.problem(config) is None and ms_of(mesh)]
-    mesh_box = widgets.Dropdown(options=[(f"d={x.d} · t={x.t} · p={x.p}", x) for x in meshes],
+    mesh_box = W.Dropdown(options=[(f"d={x.d} · t={x.t} · p={x.p}", x) for x in meshes],
                                 description="d·t·p")
-    m_box = widgets.Dropdown(description="m")
-    button = widgets.Button(description="run", button_style="primary")
-    out = widgets.Output()
+    m_box = W.Dropdown(description="m")
+    button = W.Button(description="run", button_style="primary")
+    out = W.Output()
 
     def chosen() -> Layout:
         mesh = mesh_box.value
@@ -133,8 +136,6 @@ def widget_parallel3d(live, calibration, config, steps: int = 3):
                     f"loss {run.loss:.4f}")
             figures = (plot_breakdown([comparison]), plot_gantt(run.timelines, str(layout)))
             pictures = tuple(png_output(fig) for fig in figures)
-            for fig in figures:
-                plt.close(fig)
             # the text and both pictures replace the last result in one message, after the work
             out.outputs = (text_output(text),) + pictures
 
@@ -142,4 +143,4 @@ def widget_parallel3d(live, calibration, config, steps: int = 3):
     m_box.observe(name_the_run, "value")
     valid_m()
     button.on_click(on_run)
-    return widgets.VBox([widgets.HBox([mesh_box, m_box, button]), out])
+    return W.VBox([W.HBox([mesh_box, m_box, button]), out])

@@ -21,7 +21,7 @@ from helpers.cost.schedules import PIPELINE_SCHEDULES, Event
 from helpers.labs import pp as pp_lab
 from helpers.views.kit import FULL_LABEL, Blitted, image_output, text_output
 
-MAX_WIDGET_WORLD_SIZE = 8  # the widget's largest p: still timed honestly in wait mode
+MAX_STAGES = 8  # the widget's largest p: still timed honestly in wait mode
 
 
 def _colour(mb: int):
@@ -236,8 +236,8 @@ def widget_pipeline(ranks=None, t_f: float = WIDGET_T_F) -> W.Widget:
     picture is built after the run and put into the Output by setting its `outputs` (no
     matplotlib display hook involved)."""
     style = FULL_LABEL
-    out = W.Output(layout=W.Layout(min_height=f"{int(90 * _height(MAX_WIDGET_WORLD_SIZE))}px"))
-    p = W.IntSlider(value=4, min=2, max=MAX_WIDGET_WORLD_SIZE, description="p (stages = ranks)",
+    out = W.Output(layout=W.Layout(min_height=f"{int(90 * _height(MAX_STAGES))}px"))
+    p = W.IntSlider(value=4, min=2, max=MAX_STAGES, description="p (stages = ranks)",
                     continuous_update=False, style=style)
     schedule = W.Dropdown(options=schedules_for(4), value="1f1b", description="schedule",
                           style=style)

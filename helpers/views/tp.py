@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import html
 
-import ipywidgets as w
+import ipywidgets as W
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
@@ -124,24 +124,24 @@ class TPCurveView:
 
 
 def widget_when_tp_pays(choices: dict[str, TPHardware], t: int, hidden: int,
-                        tokens: int) -> w.Widget:
+                        tokens: int) -> W.Widget:
     """Sliders for t, h and b·s (powers of two, acting on release) and a link menu over a
     `TPCurveView`: the picture is an Image widget whose bytes are replaced, and the sentence an
     HTML widget, so nothing is cleared and displayed again."""
     common = dict(continuous_update=False, style=FULL_LABEL,
-                  layout=w.Layout(width="520px"))  # act on release: no queue of redraws
+                  layout=W.Layout(width="520px"))  # act on release: no queue of redraws
     controls = dict(
-        t=w.SelectionSlider(options=T_OPTIONS, value=t, description="t (tensor degree)", **common),
-        hidden=w.SelectionSlider(options=HIDDEN_OPTIONS, value=hidden,
+        t=W.SelectionSlider(options=T_OPTIONS, value=t, description="t (tensor degree)", **common),
+        hidden=W.SelectionSlider(options=HIDDEN_OPTIONS, value=hidden,
                                  description="h (hidden size)", **common),
-        tokens=w.SelectionSlider(options=TOKEN_OPTIONS, value=tokens,
+        tokens=W.SelectionSlider(options=TOKEN_OPTIONS, value=tokens,
                                  description="b·s (tokens per step)", **common),
-        hardware=w.Dropdown(options=list(choices), description="GPUs and links",
+        hardware=W.Dropdown(options=list(choices), description="GPUs and links",
                             style=FULL_LABEL,
-                            layout=w.Layout(width="520px")))
+                            layout=W.Layout(width="520px")))
     view = TPCurveView(choices)
-    image = w.Image(format="png", layout=w.Layout(width="512px"))
-    text = w.HTML()
+    image = W.Image(format="png", layout=W.Layout(width="512px"))
+    text = W.HTML()
 
     def redraw(*_):
         picture, sentence = view.update(**{k: c.value for k, c in controls.items()})
@@ -151,4 +151,4 @@ def widget_when_tp_pays(choices: dict[str, TPHardware], t: int, hidden: int,
     for control in controls.values():
         control.observe(redraw, names="value")
     redraw()
-    return w.VBox([*controls.values(), image, text])
+    return W.VBox([*controls.values(), image, text])

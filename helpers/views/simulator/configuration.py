@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from helpers.hardware import GPU, GTX_580, H100_SXM, KIB, MIB, NetworkLevel
+from helpers.hardware import GPU, GTX_580, H100_SXM, NetworkLevel
+from helpers.units import KiB, MiB
 from helpers.simulator.config import PRICES_USD, gpu_to_json, validate_gpu
 from helpers.simulator.settings import Settings, validate_settings
 
@@ -50,10 +51,10 @@ GPU_FIELDS = (
     ("bitwidth", "bits per number (training precision)", "bits", 1, int),
     ("fpct", "FLOP per clock per thread at that precision", "", 1, float),
     ("register_bytes_per_processing_block", "register file per processing block", "KiB",
-     KIB, float),
+     KiB, float),
     ("num_sms", "streaming multiprocessors (SMs)", "", 1, int),
     ("l2_Bps", "L2 cache bandwidth", "TB/s", 1e12, float),
-    ("l2_bytes", "L2 cache size", "MiB", MIB, float),
+    ("l2_bytes", "L2 cache size", "MiB", MiB, float),
     ("hbm_Bps", "memory (HBM) bandwidth", "TB/s", 1e12, float),
     ("hbm_bytes", "memory (HBM) size", "GB", 1e9, float),
     ("max_clock_Hz", "max clock", "MHz", 1e6, float),
