@@ -355,12 +355,12 @@ def grade_simulator_min_gpus(answer: int) -> Verdict:
     model, gpu, T = _gtx580_blog_point()
     need = model.C / (T * gpu.sustained_flops)
     expected = 2 ** math.ceil(math.log2(need))
-    if answer == expected:
-        return Verdict(True, f"C / (3 months × {gpu.sustained_flops:.3g} FLOP/s) = {need:.3g} "
-                       f"GPUs, so 2^{int(math.log2(expected))} = {expected:,}: the blog's "
-                       f"'about 16 million'. The GPU count follows from compute and time alone.")
-    return Verdict(False, f"divide C = {model.C:.3g} FLOP by the duration ({T:.4g} s) and one "
-                   f"GPU's sustained rate, then round up to a power of two (got {answer}).")
+    return judge(answer, expected,
+                 f"C / (3 months × {gpu.sustained_flops:.3g} FLOP/s) = {need:.3g} GPUs, so "
+                 f"2^{int(math.log2(expected))} = {expected:,}: the blog's 'about 16 million'. "
+                 "The GPU count follows from compute and time alone.", (),
+                 f"divide C = {model.C:.3g} FLOP by the duration ({T:.4g} s) and one GPU's "
+                 f"sustained rate, then round up to a power of two (got {answer}).", exact=True)
 
 
 def grade_simulator_mfu_needed(answer: float) -> Verdict:
@@ -368,12 +368,12 @@ def grade_simulator_mfu_needed(answer: float) -> Verdict:
     model, gpu, T = _gtx580_blog_point()
     expected = model.C / (2**24 * gpu.peak_flops * T)
     bar = 0.8 * gpu.effective_utilization
-    if close_to(answer, expected):
-        return Verdict(True, f"C / (2^24 × peak {gpu.peak_flops:.4g} FLOP/s × {T:.4g} s) = "
-                       f"{expected:.3f}: any MFU above it finishes in time, but the blog's "
-                       f"'≥ 80 % of the maximum' asks for {bar:.2f}.")
-    return Verdict(False, f"MFU = C / (GPUs × peak FLOP/s × time); solve for the MFU with the "
-                   f"time set to 3 months (got {answer:.3g}).")
+    return judge(answer, expected,
+                 f"C / (2^24 × peak {gpu.peak_flops:.4g} FLOP/s × {T:.4g} s) = {expected:.3f}: "
+                 f"any MFU above it finishes in time, but the blog's '≥ 80 % of the maximum' "
+                 f"asks for {bar:.2f}.", (),
+                 "MFU = C / (GPUs × peak FLOP/s × time); solve for the MFU with the time set to "
+                 f"3 months (got {answer:.3g}).")
 
 
 # --- notebook 08: memory ---
