@@ -14,6 +14,7 @@ import argparse
 import json
 import os
 import sys
+from dataclasses import asdict
 
 from helpers.checks import check_int
 from helpers.cost import bench as cost
@@ -21,8 +22,6 @@ from helpers.cost.alpha_beta import COST_MODELS
 from helpers.labs import bench as lab
 from helpers.run import pin_transports_to_loopback_if_single_machine
 from helpers.units import format_seconds
-
-RESULT_KEYS = ("op", "bytes", "time_s", "algbw_GBps", "busbw_GBps", "predicted_s", "rel_error")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -58,7 +57,13 @@ def _under_torchrun() -> bool:
     return "RANK" in os.environ and "WORLD_SIZE" in os.environ
 
 
-def report(records: list[dict], world_size: int, cores_per_rank, backend: str, save: bool) -> dict:
+def _json_result(row: cost.PointResult) -> dict:
+    """A row's fields but its world size, which the JSON object states once."""
+    return {k: v for k, v in asdict(row).items() if k != "world_size"}
+
+
+def report(records: list[cost.Timing], world_size: int, cores_per_rank, backend: str,
+           save: bool) -> dict:
     """Print the human-readable lines, then return the JSON object."""
     fits = cost.fit_sweep(records)
     rows = cost.result_rows(records, fits)
@@ -77,7 +82,7 @@ def report(records: list[dict], world_size: int, cores_per_rank, backend: str, s
         from helpers.cost.alpha_beta import save_fit
         print("fit saved to", save_fit(fits, backend, world_size, cores_per_rank))
     return {"world_size": world_size, "backend": backend, "cores_per_rank": cores_per_rank,
-            "results": [{k: row[k] for k in RESULT_KEYS} for row in rows],
+            "results": [_json_result(row) for row in rows],
             "fit": {op: f.as_dict() for op, f in fits.items()},
             "median_rel_error": median}
 

@@ -121,28 +121,34 @@ def test_save_and_load_fit(tmp_path):
 def test_lecture_numbers_are_gib_and_a_missing_factor_p():
     ar, rs = cost.explain_lecture_numbers()
     # 277 "GB/s" printed = 277 GiB/s = 297.4 GB/s; its formula is nccl-tests' busbw.
-    assert ar["printed_in_GB"] == pytest.approx(297.4265, rel=1e-5)
-    assert ar["nccl_busbw_GBps"] == pytest.approx(297.4265, rel=1e-5)
+    assert ar.printed_in_GB == pytest.approx(297.4265, rel=1e-5)
+    assert ar.nccl_busbw_GBps == pytest.approx(297.4265, rel=1e-5)
     # 70 printed counts the output (1/p of the input): busbw = 70 × 4 GiB/s = 300.6 GB/s.
-    assert rs["nccl_busbw_GBps"] == pytest.approx(70 * 4 * 1.073741824, rel=1e-9)
+    assert rs.nccl_busbw_GBps == pytest.approx(70 * 4 * 1.073741824, rel=1e-9)
+    assert (ar.formula_factor, rs.formula_factor) == (1.0, 4.0)
     # all-reduce of 400 MiB at 4 ranks: 1.5 × 419430400 B / 297.4 GB/s = 2.115 ms
-    assert ar["time_s"] == pytest.approx(1.5 * 419430400 / (277 * 2**30), rel=1e-12)
+    assert ar.time_s == pytest.approx(1.5 * 419430400 / (277 * 2**30), rel=1e-12)
 
 
 def test_lecture_formulas_beside_nccl_tests_on_one_measurement():
     ar, rs = cost.lecture_vs_nccl_tests(all_reduce_s=0.01, reduce_scatter_s=0.01, n_bytes=2**24, p=4)
-    assert ar["busbw_over_lecture"] == pytest.approx(2**30 / 1e9)
-    assert rs["busbw_over_lecture"] == pytest.approx(4 * 2**30 / 1e9)
+    assert ar.busbw_over_lecture == pytest.approx(2**30 / 1e9)
+    assert rs.busbw_over_lecture == pytest.approx(4 * 2**30 / 1e9)
 
 
 # -- the estimator and the iteration counts ------------------------------------------------
+
+def _timing(op="all_reduce", nbytes=1024, times_s=(1e-3,), world_size=2):
+    return cost.Timing(op, world_size, nbytes, backend="gloo", times_s=tuple(times_s),
+                       threads_per_rank=1)
+
 
 def test_uncontended_time_is_the_fast_mode_of_a_bimodal_record():
     # 55 calls that waited a 4 ms tick, 45 that did not: the median is a tick, the 10th
     # percentile is the collective's own 300 µs, and it stays there as the share of waits moves.
     for waited in (0, 30, 55, 85):
         times = [300e-6 + 1e-6 * i for i in range(100 - waited)] + [4.3e-3] * waited
-        record = {"times_s": times}
+        record = _timing(times_s=times)
         assert cost.uncontended_time(record) == pytest.approx(300e-6, rel=0.05)
     assert cost.median_time(record) == pytest.approx(4.3e-3)
 
@@ -173,10 +179,8 @@ def test_scheduler_waits_reports_threads(ranks):
 def _records(rs_over_ar):
     out = []
     for n in (1024, 2**20, 2**22):
-        out.append({"op": "all_reduce", "world_size": 2, "bytes": n, "backend": "gloo",
-                    "times_s": [1e-3]})
-        out.append({"op": "reduce_scatter", "world_size": 2, "bytes": n, "backend": "gloo",
-                    "times_s": [1e-3 * rs_over_ar]})
+        out.append(_timing("all_reduce", n, [1e-3]))
+        out.append(_timing("reduce_scatter", n, [1e-3 * rs_over_ar]))
     return out
 
 
@@ -186,6 +190,24 @@ def test_reduce_scatter_emulation_is_detected_from_the_ratio():
     assert cost.reduce_scatter_is_emulated(_records(0.5)) is False
     assert cost.op_labels(_records(0.5))["reduce_scatter"] == "reduce_scatter"
     assert cost.reduce_scatter_is_emulated(_records(1.1)[:2]) is None  # only 1 KiB measured
+    assert cost.reduce_scatter_ratios(_records(0.5)) == [
+        cost.ReduceScatterRatio(2, n, 0.5) for n in (1024, 2**20, 2**22)]
+
+
+def test_result_rows_and_their_table():
+    # A ring all-reduce at p = 2 pays 2(p−1) = 2 latencies of α = 50 µs and 2(p−1)/p = 1 n·β
+    # with β = 1 ns/B; both points measured 10 % slower than that.
+    fits = {"all_reduce": ab.Fit("all_reduce", 50e-6, 1e-9)}
+    records = [_timing("all_reduce", n, [1.1 * (100e-6 + n * 1e-9)]) for n in (2**10, 2**20)]
+    rows = cost.result_rows(records, fits)
+    assert [(r.op, r.world_size, r.bytes) for r in rows] == [("all_reduce", 2, 2**10),
+                                                             ("all_reduce", 2, 2**20)]
+    assert rows[1].time_s == pytest.approx(1.1 * (100e-6 + 2**20 * 1e-9))
+    assert rows[1].predicted_s == pytest.approx(100e-6 + 2**20 * 1e-9)
+    assert rows[1].algbw_GBps == pytest.approx(2**20 / rows[1].time_s / 1e9)
+    assert rows[1].busbw_GBps == pytest.approx(rows[1].algbw_GBps)      # factor 1 at p = 2
+    assert cost.median_rel_error(rows) == pytest.approx(0.1 / 1.1)
+    assert "1 MiB" in cost.format_table(rows).splitlines()[-1]
 
 
 # -- bad inputs: one clear error, before any process starts ----------------------------
@@ -234,18 +256,19 @@ def test_every_op_runs_and_all_ranks_agree_on_the_times(ranks):
     per_rank = ranks.run(lab.time_collective, "all_reduce", 4096, iters=4, warmup=1)
     assert per_rank[0] == per_rank[1]          # the slowest rank's time, known everywhere
     (record,) = per_rank[0]
-    assert len(record["times_s"]) == 4 and min(record["times_s"]) > 0
+    assert isinstance(record, cost.Timing)
+    assert len(record.times_s) == 4 and min(record.times_s) > 0
     # Several sizes in interleaved rounds: each size gets its share of calls in every round.
     sizes = (1024, 2 * 2**20)
     per_rank = ranks.run(lab.time_collective, "all_reduce", sizes, iters=6, warmup=1, rounds=3)
     assert per_rank[0] == per_rank[1]
-    assert [(r["bytes"], len(r["times_s"])) for r in per_rank[0]] == [(1024, 6), (2 * 2**20, 6)]
+    assert [(r.bytes, len(r.times_s)) for r in per_rank[0]] == [(1024, 6), (2 * 2**20, 6)]
     records = lab.run_sweep(ranks, sorted(ab.COST_MODELS), (1024, 65536), (2,), iters=2, warmup=1,
                             rounds=2, progress=False)
-    assert [(r["op"], r["bytes"]) for r in records] == \
+    assert [(r.op, r.bytes) for r in records] == \
         [(op, n) for op in sorted(ab.COST_MODELS) for n in (1024, 65536)]
     rows = cost.result_rows(records, cost.fit_sweep(records))
-    assert all(row["time_s"] > 0 and row["predicted_s"] > 0 for row in rows)
+    assert all(row.time_s > 0 and row.predicted_s > 0 for row in rows)
 
 
 def test_two_groups_of_two_time_side_by_side(ranks):
@@ -255,8 +278,8 @@ def test_two_groups_of_two_time_side_by_side(ranks):
     for members in PAIRS:
         first, second = (per_rank[r] for r in members)
         assert first == second        # each pair agrees on its own slowest times
-        assert [r["op"] for r in first] == ops
-        assert all(r["world_size"] == 2 and min(r["times_s"]) > 0 for r in first)
+        assert [r.op for r in first] == ops
+        assert all(r.world_size == 2 and min(r.times_s) > 0 for r in first)
     ranks.resize(2)
 
 
@@ -266,7 +289,7 @@ def test_time_collective_on_nccl():
     with LiveRanks(2, backend="nccl") as gpus:
         records = lab.run_sweep(gpus, ("all_reduce", "reduce_scatter"), (2**20,), (2,), iters=3,
                                 progress=False)
-    assert all(r["backend"] == "nccl" and min(r["times_s"]) > 0 for r in records)
+    assert all(r.backend == "nccl" and min(r.times_s) > 0 for r in records)
 
 
 def test_the_backend_probe_on_a_gloo_group(ranks):
@@ -318,8 +341,8 @@ def test_small_sweep_plan_rejects_sizes_outside_the_slider(exps):
 ])
 def test_small_sweep_at_extremes(ranks, op, p, exps):
     sweep = lab.run_small_sweep(ranks, op, p, exps)
-    assert {r["world_size"] for r in sweep.records} == {p}
-    assert tuple(r["bytes"] for r in sweep.records) == sweep.plan.sizes
+    assert {r.world_size for r in sweep.records} == {p}
+    assert tuple(r.bytes for r in sweep.records) == sweep.plan.sizes
     assert (sweep.fits is None) == (len(sweep.records) < 2)
     fig = plot_sweep(sweep.records, sweep.fits)
     assert "1 GB = 10⁹ B" in fig.axes[1].get_ylabel()

@@ -1,8 +1,9 @@
 """Notebook 02's arithmetic: message sizes, iteration counts, the estimator, the α–β fit over a
 sweep's records, its tables, and the lecture's bandwidth formulas beside nccl-tests'. No torch.
 
-A record is what `helpers.labs.bench.time_collective` returns for one point:
-{"op", "world_size", "bytes", "backend", "times_s", "threads_per_rank"}. Conventions, stated once:
+The records, one per idea: `Timing` (one point's calls, what `helpers.labs.bench.time_collective`
+returns), `PointResult` (a point measured beside the model), `ReduceScatterRatio`, and the lecture's
+numbers, `LectureNumber` and `LectureVsBusbw`. Conventions, stated once:
 
 * The time that stands for a point is `uncontended_time`: the 10th percentile of its iterations.
   CPU ranks share cores, and a call whose thread had to wait for a core (up to a scheduler tick,
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import re
 import statistics
+from dataclasses import dataclass
 from typing import Iterable, Sequence
 
 import numpy as np
@@ -48,6 +50,67 @@ _EMULATED_IF_RATIO_ABOVE = 0.75
 # Its printed bandwidths (labelled "GB/s", computed with / 1024**3):
 LECTURE_BENCHMARK = {"gpu": "H100", "world_size": 4, "num_elements": 100 * 1024**2,
                      "element_bytes": 4, "all_reduce_printed": 277, "reduce_scatter_printed": 70}
+
+
+# ----------------------------------------------------------------------------------------
+# The records.
+# ----------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Timing:
+    """One sweep point as measured: `op` on `world_size` ranks (p) with an n-byte message.
+
+    The same on every member of the group; it travels from the ranks to the notebook pickled."""
+    op: str                     # the collective, a key of COST_MODELS
+    world_size: int             # p: the group's ranks
+    bytes: int                  # n: message size in bytes, as COST_MODELS[op].bytes_are says
+    backend: str                # "gloo" or "nccl"
+    times_s: tuple[float, ...]  # seconds per call, each the slowest member's, in call order
+    threads_per_rank: int       # torch's intra-op threads on each rank
+
+
+@dataclass(frozen=True)
+class PointResult:
+    """One point measured beside the α–β model: a line of the table and of the benchmark's JSON."""
+    op: str
+    world_size: int             # p
+    bytes: int                  # n, bytes
+    time_s: float               # measured: the point's `uncontended_time`, seconds
+    algbw_GBps: float           # nccl-tests' algorithm bandwidth at time_s, GB/s (1e9 B)
+    busbw_GBps: float           # nccl-tests' bus bandwidth at time_s, GB/s (1e9 B)
+    predicted_s: float          # the fit's prediction, seconds
+    rel_error: float            # |predicted − measured| / measured, a fraction
+
+
+@dataclass(frozen=True)
+class ReduceScatterRatio:
+    """t(reduce_scatter) / t(all_reduce) on one n-byte buffer at world size p (see
+    `reduce_scatter_ratios`)."""
+    world_size: int             # p
+    bytes: int                  # n, bytes
+    ratio: float                # of the two `uncontended_time`s (a ring's tends to 0.5)
+
+
+@dataclass(frozen=True)
+class LectureNumber:
+    """One bandwidth the lecture printed, undone: the time it implies and that time's busbw."""
+    op: str                     # "all_reduce" or "reduce_scatter"
+    printed: float              # what the lecture printed as "GB/s" (GiB/s in fact)
+    time_s: float               # the time that prints it, seconds
+    printed_in_GB: float        # the printed number in GB/s (1e9 B)
+    formula_factor: float       # busbw's bytes over the formula's: 1, or p where it counts the output
+    nccl_busbw_GBps: float      # nccl-tests' bus bandwidth at time_s, GB/s
+
+
+@dataclass(frozen=True)
+class LectureVsBusbw:
+    """One measured time under both conventions: the lecture's formula and nccl-tests' busbw."""
+    op: str                     # "all_reduce" or "reduce_scatter"
+    time_s: float               # the measured time, seconds
+    lecture_printed: float      # what the lecture's formula prints ("GB/s", GiB/s in fact)
+    lecture_in_GB: float        # the same in GB/s (1e9 B)
+    nccl_busbw_GBps: float      # nccl-tests' bus bandwidth, GB/s
+    busbw_over_lecture: float   # nccl_busbw_GBps / lecture_printed
 
 
 # ----------------------------------------------------------------------------------------
@@ -117,10 +180,10 @@ def per_round(nbytes: int, iters: int, rounds: int) -> int:
 
 
 # ----------------------------------------------------------------------------------------
-# One point's time, from its record.
+# One point's time, from its Timing.
 # ----------------------------------------------------------------------------------------
 
-def uncontended_time(record: dict) -> float:
+def uncontended_time(record: Timing) -> float:
     """The time that stands for a point: the 10th percentile of its iterations.
 
     On shared CPU cores an iteration's time is a mixture: the collective's own cost, or that
@@ -128,41 +191,41 @@ def uncontended_time(record: dict) -> float:
     such a mixture jumps between the two as the machine's load moves the share of waits past
     one half. The low quantile is the calls that did not wait: the cost the α–β model
     describes, and it stays put until nine calls in ten wait."""
-    return float(np.quantile(record["times_s"], FLOOR_QUANTILE))
+    return float(np.quantile(record.times_s, FLOOR_QUANTILE))
 
 
-def median_time(record: dict) -> float:
+def median_time(record: Timing) -> float:
     """What a call typically cost here, waits included (printed beside `uncontended_time`)."""
-    return statistics.median(record["times_s"])
+    return statistics.median(record.times_s)
 
 
-def measurement(record: dict) -> Measurement:
+def measurement(record: Timing) -> Measurement:
     """The uniform measurement line of helpers.timing for one sweep point."""
-    what = f"{record['op']} p={record['world_size']} n={format_binary_bytes(record['bytes'])}"
-    return Measurement(what, tuple(record["times_s"]))
+    what = f"{record.op} p={record.world_size} n={format_binary_bytes(record.bytes)}"
+    return Measurement(what, record.times_s)
 
 
 # ----------------------------------------------------------------------------------------
 # The model on the sweep: fit, predict, tabulate.
 # ----------------------------------------------------------------------------------------
 
-def fit_sweep(records: list[dict], weighting: str = "relative") -> dict[str, ab.Fit]:
+def fit_sweep(records: list[Timing], weighting: str = "relative") -> dict[str, ab.Fit]:
     """One (α, β) per operation, fitted over all its sizes and world sizes."""
     by_op: dict[str, list] = {}
     for r in records:
-        by_op.setdefault(r["op"], []).append((r["world_size"], r["bytes"], uncontended_time(r)))
+        by_op.setdefault(r.op, []).append((r.world_size, r.bytes, uncontended_time(r)))
     return {op: ab.fit_alpha_beta(op, pts, weighting) for op, pts in by_op.items()}
 
 
-def fit_per_world_size(records: list[dict], weighting: str = "relative") -> dict[int, dict[str, ab.Fit]]:
+def fit_per_world_size(records: list[Timing], weighting: str = "relative") -> dict[int, dict[str, ab.Fit]]:
     """{p: {op: Fit}}: a separate (α, β) at each world size.
 
     The model says α and β do not depend on p. That holds when every rank has its own
     GPU or cores; CPU ranks that outnumber the cores take turns, so each hop also waits
     for a context switch and α grows with p. Fitting per p shows by how much.
     """
-    sizes = sorted({r["world_size"] for r in records})
-    return {p: fit_sweep([r for r in records if r["world_size"] == p], weighting) for p in sizes}
+    sizes = sorted({r.world_size for r in records})
+    return {p: fit_sweep([r for r in records if r.world_size == p], weighting) for p in sizes}
 
 
 def fit_for(fits: dict, op: str, p: int) -> ab.Fit:
@@ -170,35 +233,35 @@ def fit_for(fits: dict, op: str, p: int) -> ab.Fit:
     return fits[p][op] if p in fits else fits[op]
 
 
-def result_rows(records: list[dict], fits: dict) -> list[dict]:
+def result_rows(records: list[Timing], fits: dict) -> list[PointResult]:
     """The benchmark's per-point results: measured, nccl-tests bandwidths, predicted, error."""
     rows = []
     for r in records:
-        t, p, n = uncontended_time(r), r["world_size"], r["bytes"]
-        predicted = fit_for(fits, r["op"], p).predict(p, n)
-        rows.append({"op": r["op"], "world_size": p, "bytes": n, "time_s": t,
-                     "algbw_GBps": ab.algbw_GBps(n, t), "busbw_GBps": ab.busbw_GBps(r["op"], p, n, t),
-                     "predicted_s": predicted, "rel_error": ab.relative_error(predicted, t)})
+        t, p, n = uncontended_time(r), r.world_size, r.bytes
+        predicted = fit_for(fits, r.op, p).predict(p, n)
+        rows.append(PointResult(r.op, p, n, t, algbw_GBps=ab.algbw_GBps(n, t),
+                                busbw_GBps=ab.busbw_GBps(r.op, p, n, t), predicted_s=predicted,
+                                rel_error=ab.relative_error(predicted, t)))
     return rows
 
 
-def median_rel_error(rows: list[dict]) -> float:
-    return statistics.median(row["rel_error"] for row in rows)
+def median_rel_error(rows: list[PointResult]) -> float:
+    return statistics.median(row.rel_error for row in rows)
 
 
-def format_table(rows: list[dict], labels: dict[str, str] | None = None) -> str:
+def format_table(rows: list[PointResult], labels: dict[str, str] | None = None) -> str:
     """Predicted vs measured, one line per point (GB = 1e9 B)."""
     labels = labels or {}
-    w = max([9] + [len(labels.get(row["op"], row["op"])) for row in rows]) + 2
+    w = max([9] + [len(labels.get(row.op, row.op)) for row in rows]) + 2
     head = (f"{'operation':<{w}}{'p':>3}{'n':>11}{'measured':>11}{'predicted':>11}{'error':>7}"
             f"{'algbw GB/s':>12}{'busbw GB/s':>12}")
     lines = [head, "-" * len(head)]
     for row in rows:
         lines.append(
-            f"{labels.get(row['op'], row['op']):<{w}}{row['world_size']:>3}"
-            f"{format_binary_bytes(row['bytes']):>11}{format_seconds(row['time_s']):>11}"
-            f"{format_seconds(row['predicted_s']):>11}{row['rel_error']:>7.0%}"
-            f"{row['algbw_GBps']:>12.3g}{row['busbw_GBps']:>12.3g}")
+            f"{labels.get(row.op, row.op):<{w}}{row.world_size:>3}"
+            f"{format_binary_bytes(row.bytes):>11}{format_seconds(row.time_s):>11}"
+            f"{format_seconds(row.predicted_s):>11}{row.rel_error:>7.0%}"
+            f"{row.algbw_GBps:>12.3g}{row.busbw_GBps:>12.3g}")
     return "\n".join(lines)
 
 
@@ -217,34 +280,34 @@ def fit_lines(fits: dict[str, ab.Fit], labels: dict[str, str] | None = None) -> 
 # gloo's reduce-scatter, told from the measurements.
 # ----------------------------------------------------------------------------------------
 
-def reduce_scatter_ratios(records: list[dict]) -> list[dict]:
+def reduce_scatter_ratios(records: list[Timing]) -> list[ReduceScatterRatio]:
     """t(reduce_scatter) / t(all_reduce) on the same n-byte buffer and world size.
 
     A ring reduce-scatter moves (p−1)/p·n per rank, an all-reduce twice that, so the ratio
     tends to 0.5 for large messages. gloo builds reduce_scatter_tensor from an all-reduce,
     which puts it at 1 or above.
     """
-    times = {(r["op"], r["world_size"], r["bytes"]): uncontended_time(r) for r in records}
+    times = {(r.op, r.world_size, r.bytes): uncontended_time(r) for r in records}
     out = []
     for (op, p, n), t in sorted(times.items(), key=lambda kv: (kv[0][1], kv[0][2])):
         if op == "reduce_scatter" and ("all_reduce", p, n) in times:
-            out.append({"world_size": p, "bytes": n, "ratio": t / times["all_reduce", p, n]})
+            out.append(ReduceScatterRatio(p, n, t / times["all_reduce", p, n]))
     return out
 
 
-def reduce_scatter_is_emulated(records: list[dict], min_bytes: int = 1 * MiB) -> bool | None:
+def reduce_scatter_is_emulated(records: list[Timing], min_bytes: int = 1 * MiB) -> bool | None:
     """True when reduce-scatter costs what an all-reduce does (bandwidth regime); None if unmeasured."""
-    ratios = [r["ratio"] for r in reduce_scatter_ratios(records) if r["bytes"] >= min_bytes]
+    ratios = [r.ratio for r in reduce_scatter_ratios(records) if r.bytes >= min_bytes]
     if not ratios:
         return None
     return statistics.median(ratios) > _EMULATED_IF_RATIO_ABOVE
 
 
-def op_labels(records: list[dict]) -> dict[str, str]:
+def op_labels(records: list[Timing]) -> dict[str, str]:
     """Names for tables and legends, with reduce-scatter marked when it is measured emulated."""
-    labels = {r["op"]: r["op"] for r in records}
+    labels = {r.op: r.op for r in records}
     if "reduce_scatter" in labels and reduce_scatter_is_emulated(records):
-        backend = records[0]["backend"]
+        backend = records[0].backend
         labels["reduce_scatter"] = f"reduce_scatter ({backend}: all-reduce inside)"
     return labels
 
@@ -264,7 +327,7 @@ def lecture_reduce_scatter_bw(output_bytes: float, p: int, seconds: float) -> fl
 
 
 def lecture_vs_nccl_tests(all_reduce_s: float, reduce_scatter_s: float, n_bytes: float,
-                          p: int) -> list[dict]:
+                          p: int) -> list[LectureVsBusbw]:
     """Both conventions on one all-reduce of n bytes and one reduce-scatter of n input bytes."""
     out_bytes = n_bytes / p
     rows = []
@@ -273,13 +336,12 @@ def lecture_vs_nccl_tests(all_reduce_s: float, reduce_scatter_s: float, n_bytes:
         ("reduce_scatter", reduce_scatter_s, lecture_reduce_scatter_bw(out_bytes, p, reduce_scatter_s)),
     ):
         busbw = ab.busbw_GBps(op, p, n_bytes, t)
-        rows.append({"op": op, "time_s": t, "lecture_printed": lecture,
-                     "lecture_in_GB": lecture * GiB / GB, "nccl_busbw_GBps": busbw,
-                     "busbw_over_lecture": busbw / lecture})
+        rows.append(LectureVsBusbw(op, t, lecture_printed=lecture, lecture_in_GB=lecture * GiB / GB,
+                                   nccl_busbw_GBps=busbw, busbw_over_lecture=busbw / lecture))
     return rows
 
 
-def explain_lecture_numbers(lecture: dict = LECTURE_BENCHMARK) -> list[dict]:
+def explain_lecture_numbers(lecture: dict = LECTURE_BENCHMARK) -> list[LectureNumber]:
     """Undo the lecture's two formulas on its printed numbers: what time did it measure, and
     what bus bandwidth (nccl-tests, GB/s) does that time mean?
 
@@ -290,13 +352,13 @@ def explain_lecture_numbers(lecture: dict = LECTURE_BENCHMARK) -> list[dict]:
     # all-reduce of n bytes on each rank: the formula counts n·2(p−1)/p
     printed = lecture["all_reduce_printed"]
     t = lecture_all_reduce_bw(n, p, 1.0) / printed
-    rows.append({"op": "all_reduce", "printed": printed, "time_s": t,
-                 "printed_in_GB": printed * GiB / GB, "formula_factor": 1.0,
-                 "nccl_busbw_GBps": ab.busbw_GBps("all_reduce", p, n, t)})
+    rows.append(LectureNumber("all_reduce", printed, t, printed_in_GB=printed * GiB / GB,
+                              formula_factor=1.0,
+                              nccl_busbw_GBps=ab.busbw_GBps("all_reduce", p, n, t)))
     # reduce-scatter: input p×n on each rank, output n; the formula counts the output, n·(p−1)/p
     printed = lecture["reduce_scatter_printed"]
     t = lecture_reduce_scatter_bw(n, p, 1.0) / printed
-    rows.append({"op": "reduce_scatter", "printed": printed, "time_s": t,
-                 "printed_in_GB": printed * GiB / GB, "formula_factor": float(p),
-                 "nccl_busbw_GBps": ab.busbw_GBps("reduce_scatter", p, p * n, t)})
+    rows.append(LectureNumber("reduce_scatter", printed, t, printed_in_GB=printed * GiB / GB,
+                              formula_factor=float(p),
+                              nccl_busbw_GBps=ab.busbw_GBps("reduce_scatter", p, p * n, t)))
     return rows

@@ -15,8 +15,8 @@ import numpy as np
 
 from helpers.checks import check_int
 from helpers.cost import alpha_beta as ab
-from helpers.cost.bench import (DEFAULT_OPS, DEFAULT_SIZES, KiB, MiB, check_ops, check_sizes,
-                                fit_sweep, snap_size)
+from helpers.cost.bench import (DEFAULT_OPS, DEFAULT_SIZES, KiB, MiB, Timing, check_ops,
+                                check_sizes, fit_sweep, snap_size)
 from helpers.parallel.bench import back_to_back, collective_call, time_on_group
 
 
@@ -25,8 +25,8 @@ from helpers.parallel.bench import back_to_back, collective_call, time_on_group
 # ----------------------------------------------------------------------------------------
 
 def time_collective(rank: int, world_size: int, op: str, sizes, iters: int = 20,
-                    warmup: int = 5, rounds: int = 1, group=None) -> list[dict]:
-    """Rank function: time `op` at each message size (bytes; one int or several); one record
+                    warmup: int = 5, rounds: int = 1, group=None) -> list[Timing]:
+    """Rank function: time `op` at each message size (bytes; one int or several); one Timing
     per size, the same on every member of the group (its `world_size` is the group's size p)."""
     return time_on_group(op, sizes, iters, warmup, rounds, group)
 
@@ -103,8 +103,8 @@ def plan_sweep(ops, sizes, world_sizes, snap: bool = False) -> list[tuple[int, s
 
 def run_sweep(ranks, ops=DEFAULT_OPS, sizes=DEFAULT_SIZES, world_sizes=(2,), iters: int = 20,
               warmup: int = 5, rounds: int = 5, snap: bool = False,
-              progress: bool = True) -> list[dict]:
-    """Measure every (p, op, n) on the live ranks; one record per point (see time_collective).
+              progress: bool = True) -> list[Timing]:
+    """Measure every (p, op, n) on the live ranks; one Timing per point (see time_collective).
 
     One call of the ranks per (p, op) times all its sizes, interleaved over `rounds` rounds."""
     plan = plan_sweep(ops, sizes, world_sizes, snap)
@@ -177,7 +177,7 @@ def plan_small_sweep(op: str, world_size: int, size_exponents: tuple[int, int],
 @dataclass(frozen=True)
 class SmallSweep:
     plan: SweepPlan
-    records: list[dict]
+    records: list[Timing]
     fits: dict[str, ab.Fit] | None   # None with a single size: nothing to fit
 
 

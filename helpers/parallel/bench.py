@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from helpers.checks import check_choice
 from helpers.cost.alpha_beta import COST_MODELS
-from helpers.cost.bench import ELEMENT_BYTES, per_round
+from helpers.cost.bench import ELEMENT_BYTES, Timing, per_round
 from helpers.timing import times_of
 
 
@@ -80,9 +80,9 @@ def back_to_back(call, count: int, cuda: bool) -> list[float]:
 
 
 def time_on_group(op: str, sizes, iters: int = 20, warmup: int = 5, rounds: int = 1,
-                  group=None) -> list[dict]:
-    """Time `op` at each message size (bytes; one int or several) on `group`; one record per
-    size, the same on every member of the group (its "world_size" is the group's size p)."""
+                  group=None) -> list[Timing]:
+    """Time `op` at each message size (bytes; one int or several) on `group`; one Timing per
+    size, the same on every member of the group (its `world_size` is the group's size p)."""
     import torch
     import torch.distributed as dist
 
@@ -106,8 +106,8 @@ def time_on_group(op: str, sizes, iters: int = 20, warmup: int = 5, rounds: int 
     slowest = slowest.cpu().tolist()
     records, start = [], 0
     for n, mine in zip(sizes, times):
-        records.append({"op": op, "world_size": group_size(group), "bytes": n,
-                        "backend": dist.get_backend(group), "times_s": slowest[start:start + len(mine)],
-                        "threads_per_rank": torch.get_num_threads()})
+        records.append(Timing(op, group_size(group), n, backend=dist.get_backend(group),
+                              times_s=tuple(slowest[start:start + len(mine)]),
+                              threads_per_rank=torch.get_num_threads()))
         start += len(mine)
     return records

@@ -8,7 +8,7 @@ from IPython.display import display
 from matplotlib.figure import Figure
 
 from helpers.cost import alpha_beta as ab
-from helpers.cost.bench import fit_for, fit_lines, median_time, op_labels, uncontended_time
+from helpers.cost.bench import Timing, fit_for, fit_lines, median_time, op_labels, uncontended_time
 from helpers.labs.bench import SIZE_EXPONENTS, cores_line, run_small_sweep
 
 # The world-size slider stops here by default: each extra CPU rank is a process that imports
@@ -16,24 +16,24 @@ from helpers.labs.bench import SIZE_EXPONENTS, cores_line, run_small_sweep
 MAX_SWEEP_WORLD_SIZE = 4
 
 
-def plot_sweep(records: list[dict], fits: dict | None = None) -> Figure:
+def plot_sweep(records: list[Timing], fits: dict | None = None) -> Figure:
     """Left: time vs message size, measured points (10th percentile, the bar up to the median:
     the calls that waited for a core) and fitted α–β lines.
     Right: nccl-tests bus bandwidth vs size. `fits` is {op: Fit} or {p: {op: Fit}}."""
     fig = Figure(figsize=(11, 4))
     ax_t, ax_bw = fig.subplots(1, 2)
     labels = op_labels(records)
-    groups: dict[tuple[str, int], list[dict]] = {}
+    groups: dict[tuple[str, int], list[Timing]] = {}
     for r in records:
-        groups.setdefault((r["op"], r["world_size"]), []).append(r)
+        groups.setdefault((r.op, r.world_size), []).append(r)
     # One colour per operation, one line style and marker per world size.
     colors = {op: f"C{i % 10}" for i, op in enumerate(sorted({op for op, _ in groups}))}
     world_sizes = sorted({p for _, p in groups})
     styles = {p: ("-", "--", ":", "-.")[i % 4] for i, p in enumerate(world_sizes)}
     markers = {p: "osD^v<>p"[i % 8] for i, p in enumerate(world_sizes)}
     for (op, p), rs in sorted(groups.items()):
-        rs = sorted(rs, key=lambda r: r["bytes"])
-        n = np.array([r["bytes"] for r in rs], dtype=float)
+        rs = sorted(rs, key=lambda r: r.bytes)
+        n = np.array([r.bytes for r in rs], dtype=float)
         low = np.array([uncontended_time(r) for r in rs])
         med = np.array([median_time(r) for r in rs])
         color, name = colors[op], f"{labels[op]}, p={p}"
@@ -74,7 +74,7 @@ def widget_sweep(ranks, max_world_size: int = MAX_SWEEP_WORLD_SIZE) -> W.Widget:
         with out:
             out.clear_output(wait=True)
             sweep = run_small_sweep(ranks, op.value, p.value, tuple(sizes.value))
-            print(cores_line(sweep.records[0]["backend"], p.value))
+            print(cores_line(sweep.records[0].backend, p.value))
             for line in fit_lines(sweep.fits or {}, op_labels(sweep.records)):
                 print(line)
             display(plot_sweep(sweep.records, sweep.fits))
