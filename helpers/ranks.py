@@ -12,7 +12,7 @@ This module is the name readers import; the code lives in helpers.launch, one co
     cpu_cores, max_cpu_world_size, threads_per_rank, intra_op_threads, resolve_backend,
     loopback_interface, pin_transports, BACKENDS, TRANSPORT_VARIABLES
                                                  helpers.launch.host
-    check_world_size, check_rank_function, check_timeout, MAX_TIMEOUT_S
+    check_world_size, check_rank_function, check_timeout, MIN_TIMEOUT_S, MAX_TIMEOUT_S
                                                  helpers.launch.checks
     pack, with_cell_lines (cells by value, cloudpickle; stale modules)
                                                  helpers.launch.shipping
@@ -30,8 +30,8 @@ import sys
 import types
 
 from helpers.launch import live as _live
-from helpers.launch.checks import (MAX_TIMEOUT_S, check_rank_function, check_timeout,
-                                   check_world_size)
+from helpers.launch.checks import (MAX_TIMEOUT_S, MIN_TIMEOUT_S, check_rank_function,
+                                   check_timeout, check_world_size)
 from helpers.launch.errors import RankError, RankTimeoutError
 from helpers.launch.host import (BACKENDS, TRANSPORT_VARIABLES, cpu_cores, intra_op_threads,
                                  loopback_interface, max_cpu_world_size, pin_transports,
@@ -43,7 +43,7 @@ __all__ = [
     "cpu_cores", "max_cpu_world_size", "threads_per_rank", "intra_op_threads",
     "resolve_backend", "loopback_interface", "pin_transports", "BACKENDS",
     "TRANSPORT_VARIABLES", "check_world_size", "check_rank_function", "check_timeout",
-    "MAX_TIMEOUT_S", "LIVE_RANK_LIMIT", "FORK_RANKS",
+    "MIN_TIMEOUT_S", "MAX_TIMEOUT_S", "LIVE_RANK_LIMIT", "FORK_RANKS",
 ]
 
 

@@ -246,6 +246,45 @@ def test_collective_whose_peer_never_joins_times_out_naming_the_operation():
         assert "[1]" in str(info.value)  # rank 1 returned without joining
         assert isinstance(info.value, TimeoutError)
         assert group.run(rank_fns.identity)[1]["rank"] == 1
+        # The issue's case: a peer stuck in Python, not one that never came.
+        with pytest.raises(RankTimeoutError) as info:
+            group.run(sleep_on_rank_0_while_1_all_reduces, 8)  # < timeout + the parent's 5 s
+        assert info.value.rank == 1 and info.value.others == {0: None}
+        assert "rank 1 timed out after 5 s in all_reduce; rank(s) [0] were running Python " \
+               "code, in no collective." in str(info.value)
+        assert "never joined" not in str(info.value)
+
+
+def sleep_on_rank_0_while_1_all_reduces(rank, world_size, seconds):
+    if rank == 0:
+        time.sleep(seconds)
+    else:
+        dist.all_reduce(torch.ones(1))
+
+
+def test_a_timeout_is_the_ranks_flag_and_its_message_blames_no_rank_that_joined(monkeypatch):
+    from helpers.launch import worker
+    monkeypatch.setitem(worker._LAB, "timeout", 5.0)
+    in_a_collective = RuntimeError("Connection closed by peer")
+    in_a_collective.__collective__ = ("all_reduce", 0.1)
+    waited = RuntimeError("[gloo] Timed out waiting 5000ms for recv operation to complete")
+    waited.__collective__ = ("all_reduce", 5.0)
+    assert worker._status(RuntimeError("Timed out waiting for a file")) == "error"  # not words
+    assert [worker._status(in_a_collective), worker._status(waited)] == ["error", "timeout"]
+    # World size 4: rank 1 timed out in all_reduce as well, rank 2 is still in it, rank 3
+    # returned without it. Only rank 3 is said to have returned.
+    error = RankTimeoutError(0, "all_reduce", "tb", 5.0,
+                             {1: "timed out", 2: "all_reduce", 3: "returned"})
+    assert str(error).splitlines()[0] == (
+        "rank 0 timed out after 5 s in all_reduce; rank(s) [1] timed out too; rank(s) [2] were "
+        "inside all_reduce; rank(s) [3] had already returned without joining it.")
+    assert error.returned == [3]
+    # No reply at all: the notebook gave up on a rank busy in its own code.
+    error = RankTimeoutError(0, None, "(no reply from the rank)", 3.0, {1: "returned"},
+                             waited=8.0)
+    assert str(error).splitlines()[0] == (
+        "rank 0 gave no reply in 8 s, in no collective: its own Python code was still running; "
+        "rank(s) [1] had already returned.")
 
 
 @pytest.mark.parametrize("fn", [rank_fns.exit_hard, rank_fns.exit_hard_pipe_held_open],
@@ -367,8 +406,11 @@ def uses_a_lock(rank, world_size, lock):
     (lambda: spawn(rank_fns.identity, 2, backend="mpi"), ValueError, "backend must be one of"),
     (lambda: spawn(rank_fns.identity, 2, timeout=0), ValueError, "timeout must be"),
     (lambda: spawn(rank_fns.identity, 2, timeout=float("inf")), ValueError,
-     r"timeout must be a number of seconds in \(0, 604800\]"),
-    (lambda: spawn(rank_fns.identity, 2, timeout=1e12), ValueError, r"in \(0, 604800\]"),
+     r"timeout must be a number of seconds in \[1, 604800\]"),
+    (lambda: spawn(rank_fns.identity, 2, timeout=1e12), ValueError, r"in \[1, 604800\]"),
+    (lambda: spawn(rank_fns.identity, 2, timeout=1e-9), ValueError, r"in \[1, 604800\]"),
+    (lambda: spawn(rank_fns.identity, 2, check_collectives=1), TypeError,
+     "check_collectives must be True or False"),
     (lambda: spawn(rank_fns.identity, 2, timeout=float("nan")), ValueError, "timeout must be"),
     (lambda: spawn(rank_fns.identity, 2, timeout=10**400), ValueError, "timeout must be"),
     (lambda: spawn(rank_fns.identity, 2, timeout=True), ValueError, "timeout must be"),
@@ -684,3 +726,123 @@ def test_multi_node_keeps_inherited_transport_variables(monkeypatch):
     got = spawn(rank_fns.environment, 1, ranks.TRANSPORT_VARIABLES, multi_node=True)[0]
     assert got["TP_SOCKET_IFNAME"] == "eth0"
     assert got["GLOO_SOCKET_IFNAME"] == ranks.loopback_interface()  # still the default
+
+
+# -- checked collectives ------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def checked():
+    with LiveRanks(2, timeout=20, check_collectives=True) as group:
+        yield group
+
+
+def checked_calls(rank, world_size):
+    """Calls of many kinds that agree pass the check; each that differs raises the same error
+    on every rank, after which the ranks are still in step."""
+    from helpers.launch.worker import CollectiveMismatchError
+    t = torch.ones(4)
+    dist.all_reduce(t)
+    dist.broadcast(t, src=0)
+    gathered = [torch.zeros(4) for _ in range(world_size)]
+    dist.all_gather(gathered, t)
+    objects = [None] * world_size
+    dist.all_gather_object(objects, "x" * (rank + 1))  # objects may differ in size
+    if rank == 0:  # point to point: not checked
+        dist.send(t, 1)
+    else:
+        dist.recv(t, 0)
+    dist.all_reduce(t, group=dist.new_group([0, 1]))
+    caught = []
+    for differing in (lambda: dist.broadcast(t, src=rank),
+                      lambda: dist.all_reduce(torch.ones(4, dtype=[torch.float32, torch.int64][rank])),
+                      lambda: dist.all_reduce(t, op=[dist.ReduceOp.SUM, dist.ReduceOp.MAX][rank]),
+                      lambda: dist.all_reduce(torch.ones(4 + rank)),
+                      lambda: dist.all_reduce(t) if rank == 0 else dist.barrier()):
+        try:
+            differing()
+        except CollectiveMismatchError as error:
+            caught.append(str(error).splitlines())
+    dist.all_reduce(t)
+    return t.tolist(), objects, caught
+
+
+def test_checked_collectives_raise_on_every_rank_naming_the_field_and_the_ranks(checked):
+    results = checked.run(checked_calls)
+    assert results[0] == results[1]  # the same errors on both ranks
+    t, objects, caught = results[0]
+    assert t == [8.0] * 4 and objects == ["x", "xx"]  # 2 after all_reduce, 4, 8
+    differently = "checked collectives: {} called differently by the ranks of group [0, 1]"
+    assert caught == [
+        [differently.format("broadcast"), "  root: src=0 on rank(s) [0], src=1 on rank(s) [1]"],
+        [differently.format("all_reduce"),
+         "  dtype: torch.float32 on rank(s) [0], torch.int64 on rank(s) [1]"],
+        [differently.format("all_reduce"),
+         "  op: ReduceOp.SUM on rank(s) [0], ReduceOp.MAX on rank(s) [1]"],
+        [differently.format("all_reduce"), "  shape: (4,) on rank(s) [0], (5,) on rank(s) [1]"],
+        ["checked collectives: different collectives called by the ranks of group [0, 1]",
+         "  kind: all_reduce on rank(s) [0], barrier on rank(s) [1]"],
+    ]
+
+
+def test_checked_collectives_are_off_unless_asked(live):
+    assert not live.check_collectives and LiveRanks(2).check_collectives is False
+
+
+def all_reduce_of_another_size(rank, world_size):
+    dist.all_reduce(torch.ones(4 + rank))
+
+
+def test_a_rank_gloo_aborts_is_named_with_gloos_own_words(live):
+    live.resize(2)
+    with pytest.raises(RankError) as info:
+        live.run(all_reduce_of_another_size)  # unchecked: gloo aborts the receiving rank
+    assert "killed by SIGABRT); its last words on stderr:" in str(info.value)
+    assert "Is there a distributed collective mismatch in your code?" in str(info.value)
+
+
+# -- what comes back, what is left behind, what cannot nest ----------------------------------------
+
+def small_view(rank, world_size):
+    return torch.arange(1_000_000.0)[10:12]
+
+
+def test_a_view_comes_back_with_its_data_only(live):
+    live.resize(1)
+    [view] = live.run(small_view)
+    assert view.tolist() == [10.0, 11.0] and view.untyped_storage().nbytes() == 8
+
+
+def start_a_subprocess(rank, world_size):
+    return subprocess.Popen(["sleep", "600"]).pid
+
+
+def test_a_ranks_subprocesses_end_with_it(live):
+    live.resize(1)
+    [pid] = live.run(start_a_subprocess)
+    assert alive(pid)
+    live.close()
+    assert wait_dead([pid]) == []
+
+
+def test_a_call_from_a_signal_handler_inside_a_call_is_refused_with_one_error(live):
+    live.resize(1)
+    refused = []
+
+    def handler(signum, frame):
+        for again in (lambda: live.run(rank_fns.identity), live.close):
+            try:
+                again()
+            except RuntimeError as error:
+                refused.append(str(error))
+
+    previous = signal.signal(signal.SIGALRM, handler)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.3)
+        assert live.run(rank_fns.sleep, 1.5) == [0]  # the interrupted call goes on unharmed
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    assert refused == [
+        f"LiveRanks.{what}() was called while this thread is inside LiveRanks.run() of the same "
+        "object (from a signal handler?); calls on one LiveRanks cannot nest: call it after that "
+        "one returns" for what in ("run", "close")]

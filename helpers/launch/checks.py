@@ -15,6 +15,9 @@ from helpers.launch.host import cuda_device_count, max_cpu_world_size
 # Longest collective timeout accepted: a week. (Far longer would overflow the millisecond
 # timeouts of poll() and of the backends; None means "no timeout" instead.)
 MAX_TIMEOUT_S = 7 * 24 * 3600
+# Shortest: below a second a busy machine fails collectives that are merely slow (at 1e-9
+# every collective failed), and the parent could not tell a timeout from a crash.
+MIN_TIMEOUT_S = 1.0
 
 
 def check_world_size(world_size: Any) -> int:
@@ -36,10 +39,12 @@ def check_rank_function(fn: Any) -> Callable:
 
 
 def check_timeout(timeout: Any) -> float | None:
-    """Seconds a collective may wait for its peers: a number in (0, MAX_TIMEOUT_S], or None."""
+    """Seconds a collective may wait for its peers: a number in [MIN_TIMEOUT_S, MAX_TIMEOUT_S],
+    or None."""
     ok = (timeout is None or (isinstance(timeout, (int, float)) and not isinstance(timeout, bool)
-                              and 0 < timeout <= MAX_TIMEOUT_S))
+                              and MIN_TIMEOUT_S <= timeout <= MAX_TIMEOUT_S))
     if not ok:
-        raise ValueError(f"timeout must be a number of seconds in (0, {MAX_TIMEOUT_S}] (one week), "
-                         f"or None for no timeout; got {timeout!r}")
+        raise ValueError(f"timeout must be a number of seconds in [{MIN_TIMEOUT_S:g}, "
+                         f"{MAX_TIMEOUT_S}] (one second to one week), or None for no timeout; "
+                         f"got {timeout!r}")
     return None if timeout is None else float(timeout)

@@ -30,6 +30,7 @@ The two settings below are read at call time. Readers set them through helpers.r
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import itertools
 import math
@@ -57,6 +58,8 @@ FORK_RANKS = sys.platform.startswith("linux")
 # The parent waits this much longer than the collective timeout before it stops waiting for
 # a rank on its own, so that the rank's own (more precise) timeout error arrives first.
 _GRACE_S = 5.0
+# How long a rank's error from inside a collective waits for a peer to die (see _dead_peer).
+_DEATH_S = 2.0
 # A starting rank imports torch before it answers: allow for that on a busy machine.
 _START_S = 120.0
 
@@ -111,6 +114,9 @@ def _make_room(owner: "LiveRanks", needed: int) -> None:
             return
         if not other._lock.acquire(blocking=False):
             continue  # in use by another thread right now: not idle
+        if other._inside is not None:  # this thread is inside a call on it: a signal handler
+            other._lock.release()
+            continue
         try:
             count, name = len(other._ranks), f"LiveRanks(world_size={other.world_size})"
             other._teardown()
@@ -140,13 +146,16 @@ class LiveRanks:
     """
 
     def __init__(self, world_size: int, backend: str = "auto", timeout: float | None = 60,
-                 multi_node: bool = False):
+                 multi_node: bool = False, check_collectives: bool = False):
         self._world_size = check_world_size(world_size)
         self.backend = resolve_backend(backend, world_size)
         self.timeout = check_timeout(timeout)
         if not isinstance(multi_node, bool):
             raise TypeError(f"multi_node must be True or False, got {multi_node!r}")
         self.multi_node = multi_node
+        if not isinstance(check_collectives, bool):
+            raise TypeError(f"check_collectives must be True or False, got {check_collectives!r}")
+        self.check_collectives = check_collectives
         self._ranks: list[RankProcess] = []
         self._folders: list[str] = []  # the private folder while ranks run (at most one)
         self._launchers: list[Launcher] = []  # the ranks' launcher while they run (at most one)
@@ -158,6 +167,7 @@ class LiveRanks:
         # {file: (mtime, size)} of the reader's and the project's modules the ranks imported
         self._module_files: dict[str, tuple[int, int]] = {}
         self._lock = threading.RLock()
+        self._inside: str | None = None  # the call in progress ("run", "close")
         self._last_used = 0
         # Close on garbage collection and at interpreter exit, whichever comes first. (The
         # finalizer holds the lists themselves, so they are only ever changed in place.)
@@ -183,7 +193,7 @@ class LiveRanks:
         check_rank_function(fn)
         payload = pack(fn, args, kwargs)  # what cannot be sent fails here, before any start
         what = "run " + _name(fn)
-        with self._lock:
+        with self._one_at_a_time("run"):
             self._last_used = next(_CLOCK)
             try:
                 if self._dirty:  # an earlier call was cut short: its ranks' state is unknown
@@ -228,8 +238,25 @@ class LiveRanks:
 
     def close(self) -> None:
         """Stop every rank and remove the private folder; the next `run` starts afresh."""
-        with self._lock:
+        with self._one_at_a_time("close"):
             self._teardown()
+
+    @contextlib.contextmanager
+    def _one_at_a_time(self, what: str):
+        """The lock that serialises calls from several threads. The same thread coming back
+        in while it is inside a call can only be a signal handler (or a finalizer) that
+        interrupted that call: refused with one error, before it touches the ranks."""
+        with self._lock:  # an RLock: only this very thread gets past it while a call runs
+            if self._inside is not None:
+                raise RuntimeError(
+                    f"LiveRanks.{what}() was called while this thread is inside "
+                    f"LiveRanks.{self._inside}() of the same object (from a signal handler?); "
+                    "calls on one LiveRanks cannot nest: call it after that one returns")
+            self._inside = what
+            try:
+                yield
+            finally:
+                self._inside = None
 
     def __enter__(self) -> "LiveRanks":
         return self
@@ -269,7 +296,8 @@ class LiveRanks:
         self._group_size = 0
         self._generation += 1
         store = os.path.join(self._folders[0], f"store-{self._generation}")
-        self._exchange(self._ranks[:n], "init", (n, store, self.backend, self.timeout),
+        self._exchange(self._ranks[:n], "init",
+                       (n, store, self.backend, self.timeout, self.check_collectives),
                        "init_process_group")
         self._group_size = n
 
@@ -327,7 +355,7 @@ class LiveRanks:
         while pending:
             left = deadline - time.monotonic()
             if left <= 0:
-                raise self._timed_out(ranks, pending, what)
+                raise self._timed_out(ranks, pending, what, seconds)
             for conn in mpc.wait(list(pending), timeout=min(left, POLL_S)):
                 rank = pending[conn]
                 try:
@@ -340,15 +368,15 @@ class LiveRanks:
                     continue  # stale: the answer to a request that was given up
                 del pending[conn]
                 replies[rank.index] = reply
-                if reply[1] == "error":
+                if reply[1] != "ok":  # "error", or "timeout": see worker._status
                     self._show(replies)
                     # A rank that died takes down the collectives it was in, so its peers
                     # fail too, and their errors may be read first: name the dead rank (the
                     # cause). Its pipe closed as it exited, before a peer could notice.
-                    dead = next((r for r in pending.values() if not r.drain()), None)
+                    dead = _dead_peer(rank, reply[1], pending)
                     if dead is not None:
                         raise self._died(dead, what)
-                    raise self._failed(rank, reply[2], ranks, pending)
+                    raise self._failed(rank, reply, ranks, replies, pending)
             for rank in list(pending.values()):  # dead, but its pipe held open by a child
                 if not rank.alive() and not rank.conn.poll():
                     raise self._died(rank, what)
@@ -357,22 +385,30 @@ class LiveRanks:
 
     def _died(self, rank: RankProcess, what: str) -> RankError:
         code = rank.exit_code()  # reaped before it is read: never "exit code None"
+        said = rank.stderr_tail()
+        said = f"; its last words on stderr:\n{said}" if said else ""
         return RankError(rank.index, rank.op or what,
-                         f"rank {rank.index} died ({describe_exit(code)})")
+                         f"rank {rank.index} died ({describe_exit(code)}){said}")
 
-    def _failed(self, rank: RankProcess, tb: str, ranks: list[RankProcess],
-                pending: dict) -> RankError:
-        tb = with_cell_lines(tb)
-        if "Timed out" in tb or "timed out" in tb:
-            returned = sorted(r.index for r in ranks if r.conn not in pending and r is not rank)
-            return RankTimeoutError(rank.index, rank.op, tb, self.timeout, returned)
+    def _failed(self, rank: RankProcess, reply: tuple, ranks: list[RankProcess],
+                replies: dict, pending: dict) -> RankError:
+        tb = with_cell_lines(reply[2])
+        if reply[1] == "timeout":
+            others = _what_each_did(ranks, replies, pending)
+            del others[rank.index]
+            return RankTimeoutError(rank.index, rank.op, tb, self.timeout, others)
         return RankError(rank.index, rank.op, tb)
 
-    def _timed_out(self, ranks: list[RankProcess], pending: dict, what: str) -> RankTimeoutError:
+    def _timed_out(self, ranks: list[RankProcess], pending: dict, what: str,
+                   waited: float) -> RankTimeoutError:
         stuck = min(pending.values(), key=lambda r: r.index)
-        done = sorted(r.index for r in ranks if r.conn not in pending)
-        return RankTimeoutError(stuck.index, stuck.op or what, "(no reply from the rank)",
-                                self.timeout, done)
+        others = _what_each_did(ranks, {}, pending)
+        del others[stuck.index]
+        # A rank in no collective is running Python code; one starting or forming the group
+        # is inside that step.
+        doing = stuck.op or (None if what.startswith("run ") else what)
+        return RankTimeoutError(stuck.index, doing, "(no reply from the rank)", self.timeout,
+                                others, waited=waited)
 
     @staticmethod
     def _show(replies: dict[int, tuple]) -> None:
@@ -385,6 +421,36 @@ class LiveRanks:
                     stream.write("".join(prefix + line for line in text.splitlines(True)))
                     if not text.endswith("\n"):
                         stream.write("\n")
+
+
+def _dead_peer(failed: RankProcess, status: str, pending: dict) -> RankProcess | None:
+    """A rank of `pending` that died. When `failed` raised inside a collective (not a
+    timeout), a peer's death is the likely cause, and a rank that gloo aborts takes a moment
+    to exit: wait up to _DEATH_S for that, or until every pending rank has answered."""
+    wait_until = time.monotonic() + (_DEATH_S if failed.op and status == "error" else 0.0)
+    answered: set[int] = set()
+    while True:
+        for rank in pending.values():
+            with contextlib.suppress(EOFError, OSError):
+                if rank.conn.poll():
+                    answered.add(rank.index)
+            if not rank.drain():
+                return rank
+        if time.monotonic() >= wait_until or len(answered) == len(pending):
+            return None
+        time.sleep(0.05)
+
+
+def _what_each_did(ranks: list[RankProcess], replies: dict, pending: dict) -> dict:
+    """{rank: "returned", "timed out", the collective it is inside, or None (Python code)}."""
+    found = {}
+    for rank in ranks:
+        if rank.conn in pending:
+            found[rank.index] = rank.op
+        elif rank.index in replies:
+            found[rank.index] = {"ok": "returned", "timeout": "timed out"}.get(
+                replies[rank.index][1], "failed")
+    return found
 
 
 def _unpickle(rank: int, data: bytes, what: str):
@@ -401,10 +467,13 @@ def _name(fn: Callable) -> str:
 
 
 def spawn(fn: Callable, world_size: int, *args, backend: str = "auto",
-          timeout: float | None = 60, multi_node: bool = False, **kwargs) -> list:
+          timeout: float | None = 60, multi_node: bool = False, check_collectives: bool = False,
+          **kwargs) -> list:
     """Start `world_size` fresh processes, run `fn(rank, world_size, *args, **kwargs)` on each
-    inside a process group, tear everything down, and return the results in rank order."""
+    inside a process group, tear everything down, and return the results in rank order.
+    The keywords are LiveRanks'."""
     check_rank_function(fn)
-    with LiveRanks(world_size, backend=backend, timeout=timeout, multi_node=multi_node) as ranks:
+    with LiveRanks(world_size, backend=backend, timeout=timeout, multi_node=multi_node,
+                   check_collectives=check_collectives) as ranks:
         ranks._one_call = True
         return ranks.run(fn, *args, **kwargs)

@@ -7,6 +7,7 @@ Why it is built this way:
   process. Not `multiprocessing`: no resource-tracker helper is started, which ignores
   SIGTERM and so held up every kernel shutdown and restart.
 * Every process started here gets a process group of its own (see `_python`).
+* A rank leads a process group, so killing it kills the subprocesses it started too.
 * `kill_all` kills every rank before it waits on any, then reaps each, and `sigint_deferred`
   holds interrupts back meanwhile, so a clean-up always finishes and no rank is left that
   nobody tracks.
@@ -174,8 +175,10 @@ class RankProcess:
         self.index = index
         op_path = os.path.join(folder, f"op-{index}")
         self.op_slot = OpSlot(op_path, create=True)
+        self.stderr_path = os.path.join(folder, f"stderr-{index}")
         self.conn, child = mp.Pipe()
-        config = dict(_parent_config(child.fileno()), index=index, op_path=op_path)
+        config = dict(_parent_config(child.fileno()), index=index, op_path=op_path,
+                      stderr_path=self.stderr_path)
         try:
             if launcher is None:
                 self.process = _python(BOOT, config, child.fileno(), env)
@@ -194,6 +197,28 @@ class RankProcess:
     @property
     def pid(self) -> int:
         return self.process.pid
+
+    def kill(self) -> None:
+        """SIGKILL to the rank and to the subprocesses it started: they share the process
+        group it leads (see `_python` and worker._forked_rank). Only while the rank is not
+        reaped, so the group's id cannot be anyone else's; one that started a session of its
+        own (`start_new_session=True`) is out of reach."""
+        if self.process.returncode is None:
+            with contextlib.suppress(OSError):
+                os.killpg(self.pid, signal.SIGKILL)
+        with contextlib.suppress(OSError):
+            self.process.kill()
+
+    def stderr_tail(self, lines: int = 12, chars: int = 4000) -> str:
+        """The last lines the rank wrote to its file descriptor 2 during its current request
+        (see worker._stderr_to): gloo's own words when it aborted the rank."""
+        try:
+            with open(self.stderr_path, "rb") as f:
+                f.seek(max(0, os.fstat(f.fileno()).st_size - 4 * chars))
+                text = f.read().decode(errors="replace")
+        except OSError:
+            return ""
+        return "\n".join(text.strip().splitlines()[-lines:])[-chars:]
 
     def alive(self) -> bool:
         return self.process.poll() is None
@@ -227,8 +252,7 @@ def kill_all(ranks: list[RankProcess], folders: list[str], launchers: list[Launc
     """Kill every rank first, then reap each, then close the launcher and remove the folder:
     killing all before waiting on any means one stuck rank cannot keep the others alive."""
     for rank in ranks:
-        with contextlib.suppress(OSError):
-            rank.process.kill()
+        rank.kill()
     for rank in ranks:
         with contextlib.suppress(Exception):
             rank.release()

@@ -50,7 +50,8 @@ from helpers.launch.shipping import dumps, new_module_files
 _OP_SLOT_BYTES = 64
 # The process-group timeout used for timeout=None: long enough never to matter in a course.
 _NO_TIMEOUT = timedelta(days=365)
-# The default process group this rank's lab formed ("group"), to tell it from a student's.
+# The default process group this rank's lab formed ("group"), to tell it from a student's,
+# and its timeout in seconds ("timeout", None for none).
 _LAB: dict = {}
 
 _COLLECTIVES = (
@@ -88,14 +89,31 @@ class OpSlot:
 
 
 def _publish_current_op(op_slot) -> None:
-    """Wrap torch.distributed's collectives so the parent can see which one a rank is in."""
+    """Wrap torch.distributed's collectives so the parent can see which one a rank is in, and
+    so that, with checked collectives on (`_CHECKED`), each is compared across its group
+    first (`_check_collective`). An exception a collective raises is marked with its name and
+    how long it waited, for `_status`."""
+    import inspect
+
     import torch.distributed as dist
 
     def wrap(name, real):
+        signature = inspect.signature(real)
+
         @functools.wraps(real)
         def wrapper(*args, **kwargs):
             op_slot.value = name.encode()
-            result = real(*args, **kwargs)
+            started = time.monotonic()
+            try:
+                if _CHECKED["on"] and name not in _UNCHECKED:
+                    bound = signature.bind(*args, **kwargs)
+                    bound.apply_defaults()
+                    _check_collective(name, bound.arguments)
+                result = real(*args, **kwargs)
+            except BaseException as error:
+                with contextlib.suppress(Exception):  # some exceptions take no attributes
+                    error.__collective__ = (name, time.monotonic() - started)
+                raise
             op_slot.value = b""
             return result
         wrapper.__wrapped_collective__ = real
@@ -105,6 +123,99 @@ def _publish_current_op(op_slot) -> None:
         real = getattr(dist, name, None)
         if real is not None and not hasattr(real, "__wrapped_collective__"):
             setattr(dist, name, wrap(name, real))
+
+
+# -- checked collectives ----------------------------------------------------------------------
+
+class CollectiveMismatchError(RuntimeError):
+    """Checked collectives: the ranks of a group called one collective with different kinds,
+    reduce ops, roots, dtypes, shapes or groups, or at different points in their sequence."""
+
+
+# Whether collectives are checked on this rank (set when the lab forms its group), and each
+# group's count of checked calls so far, by the group's name.
+_CHECKED: dict = {"on": False, "calls": {}}
+# Point-to-point calls end by timeout instead: a pair has no group of its own to compare in.
+_UNCHECKED = {"send", "recv", "batch_isend_irecv"}
+# The tensor argument whose dtype and shape must agree; None where only the dtype must
+# (all_to_all's pieces may differ in size from rank to rank). Object collectives compare the
+# kind, root, group and sequence only: their objects may differ.
+_COMPARED_TENSOR = {
+    "broadcast": ("tensor", True), "all_reduce": ("tensor", True), "reduce": ("tensor", True),
+    "all_gather": ("tensor", True), "all_gather_into_tensor": ("input_tensor", True),
+    "gather": ("tensor", True), "scatter": ("tensor", True),
+    "reduce_scatter": ("output", True), "reduce_scatter_tensor": ("input", True),
+    "reduce_scatter_single": ("input", True), "all_gather_single": ("input_tensor", True),
+    "all_to_all": ("input_tensor_list", False), "all_to_all_single": ("input", False),
+}
+_ROOTS = ("src", "dst", "group_src", "group_dst")
+_FIELDS = ("kind", "op", "root", "dtype", "shape", "group", "sequence")
+
+
+def _fingerprint(name: str, arguments: dict) -> tuple[dict, object]:
+    """What must agree across a group's ranks for the call `name(**arguments)`, in words, and
+    the group it runs in."""
+    import torch.distributed as dist
+    group = arguments.get("group") or dist.group.WORLD
+    key = dist.distributed_c10d._get_process_group_name(group)
+    calls = _CHECKED["calls"]
+    calls[key] = calls.get(key, 0) + 1
+    found = {"kind": name, "sequence": calls[key],
+             "group": str(dist.get_process_group_ranks(group)),
+             "op": str(arguments.get("op", "")).replace("RedOpType.", "ReduceOp."),
+             "root": ", ".join(f"{r}={arguments[r]}" for r in _ROOTS
+                               if arguments.get(r) is not None),
+             "dtype": "", "shape": ""}
+    argument, with_shape = _COMPARED_TENSOR.get(name, (None, False))
+    tensor = arguments.get(argument)
+    if isinstance(tensor, (list, tuple)):
+        tensor = tensor[0] if tensor else None
+    if tensor is not None and hasattr(tensor, "dtype"):
+        found["dtype"] = str(tensor.dtype)
+        found["shape"] = str(tuple(tensor.shape)) if with_shape else ""
+    return found, group
+
+
+def _check_collective(name: str, arguments: dict) -> None:
+    """Compare this call with the same call on the group's other ranks before it runs: each
+    rank gathers a hash per field (one small all_gather on the call's group); only when they
+    differ are the fields themselves gathered, and every rank raises the same error."""
+    import zlib
+
+    import torch
+    import torch.distributed as dist
+    from torch.distributed import distributed_c10d as c10d
+    found, group = _fingerprint(name, arguments)
+    device = (torch.device("cuda", torch.cuda.current_device())
+              if dist.get_backend(group) == "nccl" else torch.device("cpu"))
+    mine = torch.tensor([zlib.crc32(str(found[f]).encode()) for f in _FIELDS],
+                        dtype=torch.int64, device=device)
+    everyone = [torch.empty_like(mine) for _ in range(dist.get_world_size(group))]
+    c10d.all_gather(everyone, mine, group=group)  # torch's own: not this module's wrapper
+    if all(torch.equal(mine, theirs) for theirs in everyone):
+        return
+    found_by_rank = [None] * len(everyone)
+    c10d.all_gather_object(found_by_rank, found, group=group)
+    raise CollectiveMismatchError(_mismatch(name, found_by_rank,
+                                            dist.get_process_group_ranks(group)))
+
+
+def _mismatch(name: str, found_by_rank: list[dict], ranks: list[int]) -> str:
+    """'checked collectives: all_reduce called differently by the ranks of group [0, 1]' and
+    a line per field that differs ('  dtype: torch.float32 on rank(s) [0], torch.float64 on
+    rank(s) [1]'): the same text on every rank."""
+    kinds = {found["kind"] for found in found_by_rank}
+    what = f"{name} called differently" if len(kinds) == 1 else "different collectives called"
+    lines = [f"checked collectives: {what} by the ranks of group {ranks}"]
+    # Different kinds: their other fields differ as a consequence, and would only be noise.
+    for field in _FIELDS if len(kinds) == 1 else ("kind", "group", "sequence"):
+        values: dict[str, list[int]] = {}
+        for rank, found in zip(ranks, found_by_rank):
+            values.setdefault(str(found[field]) or "(none)", []).append(rank)
+        if len(values) > 1:
+            lines.append(f"  {field}: " + ", ".join(f"{value} on rank(s) {who}"
+                                                    for value, who in values.items()))
+    return "\n".join(lines)
 
 
 def _die_with_parent(parent_pid: int, pdeathsig: bool) -> None:
@@ -127,9 +238,15 @@ def _die_with_parent(parent_pid: int, pdeathsig: bool) -> None:
 
 
 def _to_cpu(value):
+    """A result's tensors on the CPU, each alone in its storage: a tensor pickles with its
+    whole storage, so a small view of a large tensor is copied out first."""
     import torch
     if isinstance(value, torch.Tensor):
-        return value.detach().cpu()
+        value = value.detach().cpu()
+        if (value.layout == torch.strided
+                and value.untyped_storage().nbytes() > value.numel() * value.element_size()):
+            value = value.clone()
+        return value
     if isinstance(value, (list, tuple)) and type(value) in (list, tuple):
         return type(value)(_to_cpu(v) for v in value)
     if isinstance(value, dict) and type(value) is dict:
@@ -138,7 +255,7 @@ def _to_cpu(value):
 
 
 def _init_group(index: int, world_size: int, store_path: str, backend: str,
-                timeout: float | None) -> None:
+                timeout: float | None, checked: bool = False) -> None:
     import torch
     import torch.distributed as dist
     _leave_group(index)
@@ -148,7 +265,8 @@ def _init_group(index: int, world_size: int, store_path: str, backend: str,
     store = dist.FileStore(store_path, world_size)
     dist.init_process_group(backend, store=store, rank=index, world_size=world_size,
                             timeout=_NO_TIMEOUT if timeout is None else timedelta(seconds=timeout))
-    _LAB["group"] = dist.group.WORLD
+    _LAB.update(group=dist.group.WORLD, timeout=timeout)
+    _CHECKED.update(on=checked, calls={})
 
 
 def _leave_group(index: int) -> None:
@@ -210,7 +328,9 @@ def _names_in_device_meshes() -> set:
     mesh_module = sys.modules.get("torch.distributed.device_mesh")
     if mesh_module is None:  # no mesh was ever made on this rank
         return set()
-    meshes = (o for o in gc.get_objects() if isinstance(o, mesh_module.DeviceMesh))
+    # type(), not isinstance: DeviceMesh's metaclass would look into every object, and
+    # torch.distributed's deprecated `reduce_op` among them warns when looked at.
+    meshes = (o for o in gc.get_objects() if issubclass(type(o), mesh_module.DeviceMesh))
     return {name for mesh in meshes for name in getattr(mesh, "_dim_group_names", ())}
 
 
@@ -218,14 +338,25 @@ _HANDLERS = {"init": _init_group, "leave": _leave_group, "run": _run_function}
 
 
 def _handle(index: int, kind: str, args: tuple) -> tuple:
-    """(status, data, out, err): data is the pickled result, or the traceback on an error."""
+    """(status, data, out, err): data is the pickled result, or the traceback on an error;
+    the status is "ok", "error" or "timeout" (`_status`)."""
     out, err = io.StringIO(), io.StringIO()  # shown by the parent, in rank order
     try:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             data = _HANDLERS[kind](index, *args)
         return "ok", data, out.getvalue(), err.getvalue()
-    except BaseException:
-        return "error", traceback.format_exc(), out.getvalue(), err.getvalue()
+    except BaseException as error:
+        return _status(error), traceback.format_exc(), out.getvalue(), err.getvalue()
+
+
+def _status(error: BaseException) -> str:
+    """"timeout" when a collective raised `error` after waiting the process group's whole
+    timeout for its peers (the wrapper in `_publish_current_op` marks what a collective
+    raises, with how long it waited), else "error". Decided here, on the rank, from the
+    exception itself: the parent reads the flag, never the traceback's words."""
+    _, waited = getattr(error, "__collective__", (None, 0.0))
+    timeout = _LAB.get("timeout")
+    return "timeout" if timeout is not None and waited >= 0.95 * timeout else "error"
 
 
 def _rank_main(config: dict) -> None:
@@ -233,6 +364,10 @@ def _rank_main(config: dict) -> None:
     requests until its pipe closes (the parent closed it or died)."""
     conn = mpc.Connection(config["fd"])
     _die_with_parent(config["parent_pid"], config["pdeathsig"])
+    _stderr_to(config["stderr_path"])
+    with contextlib.suppress(Exception):  # an aborted rank (gloo) dumps no 400 MB core
+        import resource
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides what an interrupt kills
     import torch
     _publish_current_op(OpSlot(config["op_path"]))
@@ -245,7 +380,19 @@ def _rank_main(config: dict) -> None:
             request, kind, args = conn.recv()
         except (EOFError, OSError):
             return
+        with contextlib.suppress(OSError):
+            os.ftruncate(2, 0)  # the file holds what the current request wrote
         conn.send((request, *_handle(index, kind, args), new_module_files(seen)))
+
+
+def _stderr_to(path: str) -> None:
+    """The rank's file descriptor 2 into a file the parent reads when the rank dies: what C++
+    writes there (gloo's own message before it aborts the rank, say) then reaches the
+    RankError instead of a terminal the notebook's reader never sees. Python's sys.stderr is
+    the call's own buffer meanwhile (`_handle`)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    os.dup2(fd, 2)
+    os.close(fd)
 
 
 def _launcher_main(config: dict) -> None:
