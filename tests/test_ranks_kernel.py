@@ -277,3 +277,27 @@ def test_the_default_group_destroyed_or_replaced_by_a_rank_function_is_the_labs_
     assert len(notices(got)) == 1 and "reform replaced the default process group" in got["stderr"]
     got = execute(kc, "print(json.dumps(cells.run(gathered)))")
     assert json.loads(got["stdout"]) == right and notices(got) == []  # not [[1, [1, 0]], ...]
+
+
+CHECKED_CELL = (
+    "import torch, torch.distributed as dist\n"
+    "def mixed(rank, world_size):  # rank 1: another dtype and another reduce op\n"
+    "    t = torch.ones(4, dtype=torch.float64 if rank else torch.float32)\n"
+    "    dist.all_reduce(t, op=dist.ReduceOp.MAX if rank else dist.ReduceOp.SUM)\n"
+    "    return t.tolist()\n"
+    "def agreed(rank, world_size):\n"
+    "    t = torch.ones(4)\n    dist.all_reduce(t)\n    return t.tolist()")
+
+
+def test_checked_collectives_name_a_mismatched_dtype_and_reduce_op(kernel):
+    km, kc = kernel
+    assert execute(kc, CHECKED_CELL + "\nchecked = LiveRanks(2, timeout=120, "
+                                      "check_collectives=True)")["ename"] is None
+    got = execute(kc, "try:\n    checked.run(mixed)\nexcept helpers.ranks.RankError as error:\n"
+                      "    print(error)")
+    assert "CollectiveMismatchError: checked collectives: all_reduce called differently by " \
+           "the ranks of group [0, 1]\n" \
+           "  op: ReduceOp.SUM on rank(s) [0], ReduceOp.MAX on rank(s) [1]\n" \
+           "  dtype: torch.float32 on rank(s) [0], torch.float64 on rank(s) [1]\n" in got["stdout"]
+    assert value(kc, "checked.run(agreed)") == [[2.0] * 4] * 2  # the next call is right
+    execute(kc, "checked.close()")

@@ -1,8 +1,12 @@
 """What the notebook raises when a rank fails: which rank, inside which collective, and why.
 
 A rank's own traceback is carried over as text (its exception object may not unpickle in
-the notebook). A timeout says which peers had already returned, because the usual cause of
-a hang in a course is a rank that skipped a collective the others are waiting in.
+the notebook). Whether it was a timeout is the rank's own flag in its reply, never words
+searched for in the traceback. A timeout says what each other rank was doing: which had
+already returned (the usual cause of a hang in a course is a rank that skipped a collective
+the others are waiting in), which timed out too, which were inside another collective or
+still running their own Python code; no rank that joined is blamed. A rank that died says
+how, with the last lines it wrote to stderr (gloo's own message when it aborted it).
 """
 from __future__ import annotations
 

@@ -15,6 +15,8 @@ Why it is built this way:
   means fresh ranks, so no rank runs old code and all run the same.
 * After each call the lab's process group is the default one again: a function that
   destroyed or replaced it gets the lab's back before the next call (see worker._tidy_groups).
+* Checked collectives (`check_collectives=True`) are a setting of the process group: the
+  ranks learn it when the lab forms the group (see worker._check_collective).
 * Every request carries an id and every reply is matched to it; a call that was cut short
   (an error, a timeout, an interrupt) marks the ranks dirty and they are killed, then reaped,
   with interrupts held back (helpers.launch.process), so the next call always starts from a
@@ -137,7 +139,14 @@ class LiveRanks:
     first n of the processes already started (starting more only if needed), so moving a
     world-size slider costs a re-rendezvous, not a process start.
 
-    `timeout` is how long a collective may wait for its peers, in seconds (None: no limit).
+    `timeout` is how long a collective may wait for its peers, in seconds (at least 1; None:
+    no limit).
+    `check_collectives=True` compares every collective across its group's ranks before it
+    runs: kind, reduce op, root, dtype, shape, group and a per-group sequence number; a
+    difference raises the same CollectiveMismatchError on every rank, naming the field and
+    the ranks (docs/checked_collectives.md). Its cost is one more small all_reduce per call:
+    a 1 KiB all_reduce on 2 gloo ranks took 1.0–1.4 ms instead of 0.30–0.37 ms (median of
+    2,000 calls, a loaded 2-core machine). Send and recv are not checked.
     `multi_node=True` lets inherited GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME / TP_SOCKET_IFNAME
     choose the interface; by default every transport is pinned to loopback.
     Calls from several threads are serialised. A kernel keeps at most `live_rank_limit()`

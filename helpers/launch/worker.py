@@ -1,7 +1,8 @@
 """The rank side: a process that joins a process group and runs whatever the notebook sends.
 
 Messages are (request id, kind, args); replies are (request id, status, data, out, err,
-module files).
+module files), the status "ok", "error" or "timeout" (the rank classifies its own exception:
+see `_status`).
 A rank starts in one of two ways, both from a boot string run as `python -c`:
 * `LAUNCHER_BOOT` starts a launcher (Linux): it imports torch once, then forks a rank per
   request, so a rank starts in tens of milliseconds instead of importing torch again (about
@@ -16,6 +17,10 @@ Why a rank is built this way:
   thread.
 * It publishes the collective it is inside to a few bytes of a file the notebook maps too,
   so a hang or a crash names the operation.
+* With checked collectives on (`LiveRanks(..., check_collectives=True)`), the same wrapper
+  compares each collective across its group before it runs (`_check_collective`).
+* Its file descriptor 2 goes to a file the notebook reads when the rank dies, so gloo's own
+  words before it aborts a rank reach the RankError; it dumps no core.
 * It prints into a buffer that goes back with the reply; the notebook prints every rank's
   output once, in rank order.
 * It ignores SIGINT: the notebook decides what an interrupt kills.
@@ -177,8 +182,9 @@ def _fingerprint(name: str, arguments: dict) -> tuple[dict, object]:
 
 
 def _check_collective(name: str, arguments: dict) -> None:
-    """Compare this call with the same call on the group's other ranks before it runs: each
-    rank gathers a hash per field (one small all_gather on the call's group); only when they
+    """Compare this call with the same call on the group's other ranks before it runs. One
+    small all_reduce on the call's group (MAX of the fields' hash and of its negation: they
+    agree everywhere when the largest and the smallest hash are the same); only when they
     differ are the fields themselves gathered, and every rank raises the same error."""
     import zlib
 
@@ -186,15 +192,15 @@ def _check_collective(name: str, arguments: dict) -> None:
     import torch.distributed as dist
     from torch.distributed import distributed_c10d as c10d
     found, group = _fingerprint(name, arguments)
+    text = "\0".join(str(found[f]) for f in _FIELDS).encode()
+    digest = (zlib.crc32(text) << 31) ^ zlib.adler32(text)
     device = (torch.device("cuda", torch.cuda.current_device())
               if dist.get_backend(group) == "nccl" else torch.device("cpu"))
-    mine = torch.tensor([zlib.crc32(str(found[f]).encode()) for f in _FIELDS],
-                        dtype=torch.int64, device=device)
-    everyone = [torch.empty_like(mine) for _ in range(dist.get_world_size(group))]
-    c10d.all_gather(everyone, mine, group=group)  # torch's own: not this module's wrapper
-    if all(torch.equal(mine, theirs) for theirs in everyone):
+    extremes = torch.tensor([digest, -digest], dtype=torch.int64, device=device)
+    c10d.all_reduce(extremes, op=dist.ReduceOp.MAX, group=group)  # torch's own, not wrapped
+    if int(extremes[0]) == -int(extremes[1]):
         return
-    found_by_rank = [None] * len(everyone)
+    found_by_rank = [None] * dist.get_world_size(group)
     c10d.all_gather_object(found_by_rank, found, group=group)
     raise CollectiveMismatchError(_mismatch(name, found_by_rank,
                                             dist.get_process_group_ranks(group)))
