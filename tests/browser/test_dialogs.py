@@ -7,7 +7,7 @@ purpose (Kernel ▸ Shut Down, then Kernel ▸ Change Kernel…) and Run All mus
 """
 from __future__ import annotations
 
-from tests.browser.harness import KERNEL_DISPLAY_NAME, Notebook, kernel_status_js
+from tests.browser.harness import KERNEL_DISPLAY_NAME, Notebook
 
 NOTEBOOK = "00_hardware_hierarchy.ipynb"  # the quickest to run
 
@@ -17,7 +17,9 @@ def test_a_select_kernel_dialog_before_run_all_is_answered_with_the_notebooks_ke
     nb = Notebook(lab, browser, NOTEBOOK)
     try:
         nb.open()
-        assert nb.page.evaluate(kernel_status_js()) == "idle"
+        # The kernel just started can be busy again a moment after it first read idle (the
+        # page's own start-up requests): wait for the state, never sample it once.
+        nb.wait_kernel("idle", timeout=60)
         nb.menu("Kernel", "Shut Down Kernel")
         nb.wait_kernel("no kernel", timeout=60)
         nb.menu("Kernel", "Change Kernel")

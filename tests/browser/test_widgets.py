@@ -35,6 +35,8 @@ class Step:
     handle: str | None = None  # range sliders: "low" or "high" (default: the one towards `to`)
     timeout: float = 180      # seconds allowed for the output to change (a safety net: a slow
                               # move under make test's load is slow, not wrong)
+    keeps: tuple[tuple[str, str, str], ...] = ()  # (label, kind, value): other controls that
+                              # must show this value in the page afterwards
 
     @property
     def id(self) -> str:
@@ -113,6 +115,13 @@ WIDGETS = (
         Step(r"^m \(", "slider", "min", text=r"\bm={value}\b"),
         Step(r"schedule", "dropdown", "last", text=r"^{value} p=2 m=2, v=\d+ "),  # m = p: the first m offered
         Step(r"schedule", "dropdown", "first", text=r"^{value} p=2 "),
+        # A move of p that changes the schedules offered keeps the schedule chosen (p 4→5,
+        # 5→8 through 7→8, 8→5, from 1F1B: each adds or drops "interleaved")
+        Step(r"^p \(", "slider", "4", text=r"^gpipe p=4 "),
+        Step(r"schedule", "dropdown", "1f1b", text=r"^1f1b p=4 "),
+        Step(r"^p \(", "slider", "5", text=r"^1f1b p=5 ", keeps=((r"schedule", "dropdown", "1f1b"),)),
+        Step(r"^p \(", "slider", "8", text=r"^1f1b p=8 ", keeps=((r"schedule", "dropdown", "1f1b"),)),
+        Step(r"^p \(", "slider", "5", text=r"^1f1b p=5 ", keeps=((r"schedule", "dropdown", "1f1b"),)),
     ),
         shows=r"^1f1b p=4 m=4 \(wait mode\)",
         race=(Step(r"schedule", "dropdown", "gpipe"), Step(r"^m \(", "slider", "max")),
@@ -132,6 +141,13 @@ WIDGETS = (
         Step(r"every network bandwidth", "slider", "min"),
         Step(r"^GTX 580 dense$", "checkbox", "off", text=r"\b2 configurations\b"),
         Step(r"^GTX 580 dense$", "checkbox", "on", text=r"\b3 configurations\b"),
+        # every box unticked, then one ticked back: its curve shows
+        Step(r"^H100 SXM dense$", "checkbox", "off", text=r"\b2 configurations\b"),
+        Step(r"^H100 SXM sparse", "checkbox", "off", text=r"\b1 configuration,"),
+        Step(r"^GTX 580 dense$", "checkbox", "off", image=False, text=r"\b0 configurations\b"),
+        Step(r"^GTX 580 dense$", "checkbox", "on", text=r"\b1 configuration,"),
+        Step(r"^H100 SXM sparse", "checkbox", "on", text=r"\b2 configurations\b"),
+        Step(r"^H100 SXM dense$", "checkbox", "on", text=r"\b3 configurations\b"),
         Step(r"layout vs compute", "tab"),
         Step(r"^configuration$", "dropdown", "last"),
         Step(r"^configuration$", "dropdown", "first"),
@@ -157,7 +173,8 @@ WIDGETS = (
         Step(r"^run ", "button", text=r"measured \d+ ms", images=2, timeout=240),
     )),
     Widget("08_memory.ipynb", "widget_memory_planner(", (
-        Step(r"^model$", "dropdown", "last"),
+        # d = 2 (the default) is valid for every model: a new model keeps it
+        Step(r"^model$", "dropdown", "last", keeps=((r"^d \(", "slider", "2"),)),
         Step(r"^model$", "dropdown", "first"),
         Step(r"^d \(", "slider", "max"),
         Step(r"^d \(", "slider", "min"),
@@ -278,6 +295,10 @@ def one_move(nb, index: int):
     print(f"{nb.stem} {step.id} → {value!r}: settled in {time.monotonic() - t0:.2f} s")
     nb.screenshot(area, f"{index:02d}-{step.id}")
     problems = check(step, before, after, value)
+    for label, kind, want in step.keeps:
+        shown = nb.value_of(nb.control(area, label, kind), kind)
+        if shown != want:
+            problems.append(f"{label!r} shows {shown!r} afterwards, want {want!r}")
     problems += [f"console: {m}" for m in nb.new_console_errors()]
     assert not problems, f"{nb.name} {step.control!r} → {value!r}: " + "; ".join(problems)
 
