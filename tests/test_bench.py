@@ -169,9 +169,9 @@ def test_scheduler_waits_reports_threads(ranks):
     result = ranks.run(lab.scheduler_waits, 1024, 20)[0]
     if result is None:
         pytest.skip("no /proc/self/task here")
-    assert len(result["times_s"]) == 20 and result["elapsed_s"] > 0
-    assert any("gloo" in name for name in result["threads"])
-    assert all(v["run_s"] >= 0 and v["wait_s"] >= 0 for v in result["threads"].values())
+    assert len(result.times_s) == 20 and result.elapsed_s > 0
+    assert any("gloo" in name for name in result.threads)
+    assert all(v.run_s >= 0 and v.wait_s >= 0 for v in result.threads.values())
 
 
 # -- gloo's reduce-scatter, detected from measurements ---------------------------------

@@ -50,8 +50,24 @@ def _thread_clocks() -> dict[str, list[int]]:
     return clocks
 
 
+@dataclass(frozen=True)
+class ThreadTime:
+    """What the kernel says one thread (all of a rank's threads of that name) did."""
+    run_s: float      # seconds on a core
+    wait_s: float     # seconds runnable but waiting for a core
+    slices: int       # times it was scheduled
+
+
+@dataclass(frozen=True)
+class SchedulerWaits:
+    """`scheduler_waits`'s answer on one rank."""
+    times_s: tuple[float, ...]         # every call, back to back
+    elapsed_s: float                   # all of them, wall clock
+    threads: dict[str, ThreadTime]     # the rank's threads that ran meanwhile, by name
+
+
 def scheduler_waits(rank: int, world_size: int, nbytes: int = KiB, iters: int = 200,
-                    group=None) -> dict | None:
+                    group=None) -> SchedulerWaits | None:
     """Rank function: `iters` back-to-back all-reduces of n bytes, and what the kernel says
     this rank's threads did meanwhile: ran, or waited for a core. None off Linux."""
     import os
@@ -65,11 +81,11 @@ def scheduler_waits(rank: int, world_size: int, nbytes: int = KiB, iters: int = 
     before, t0 = _thread_clocks(), time.perf_counter()
     times = back_to_back(call, iters, False)
     elapsed, after = time.perf_counter() - t0, _thread_clocks()
-    threads = {name: {"run_s": (a[0] - before[name][0]) / 1e9,
-                      "wait_s": (a[1] - before[name][1]) / 1e9, "slices": a[2] - before[name][2]}
+    threads = {name: ThreadTime((a[0] - before[name][0]) / 1e9, (a[1] - before[name][1]) / 1e9,
+                                a[2] - before[name][2])
                for name, a in after.items() if name in before}
-    return {"times_s": times, "elapsed_s": elapsed,
-            "threads": {k: v for k, v in threads.items() if v["slices"] > 0}}
+    return SchedulerWaits(tuple(times), elapsed,
+                          {k: v for k, v in threads.items() if v.slices > 0})
 
 
 # ----------------------------------------------------------------------------------------
