@@ -812,6 +812,39 @@ def test_a_view_comes_back_with_its_data_only(live):
     assert view.tolist() == [10.0, 11.0] and view.untyped_storage().nbytes() == 8
 
 
+def test_a_tensor_crosses_as_its_bytes_once():
+    tensor = torch.arange(12.0).reshape(3, 4)
+    frames = shipping.dumps_frames({"t": tensor, "name": "x"})
+    # Out: the second frame is the tensor's own memory, not a copy in the pickle.
+    assert len(frames) == 2 and frames[1].nbytes == 48 and len(frames[0]) < 300
+    assert torch.frombuffer(frames[1], dtype=torch.uint8).data_ptr() == tensor.data_ptr()
+    # In: the tensor is built over the bytes received, writable.
+    received = [bytearray(f) for f in frames]
+    back = shipping.loads_frames(received)
+    assert back["name"] == "x" and torch.equal(back["t"], tensor)
+    assert back["t"].data_ptr() == torch.frombuffer(received[1], dtype=torch.uint8).data_ptr()
+    odd = [torch.tensor(3, dtype=torch.bfloat16), tensor.T, torch.empty(0, 2),
+           torch.ones(2, dtype=torch.complex64).conj(), torch.tensor([True, False])]
+    for before, after in zip(odd, shipping.loads_frames([bytearray(f) for f in
+                                                         shipping.dumps_frames(odd)])):
+        assert after.dtype == before.dtype and torch.equal(after, before.resolve_conj())
+
+
+def two_kib_on_rank_1(rank, world_size):
+    return torch.zeros(512 * rank)
+
+
+def test_a_large_result_is_named_in_a_warning(live, monkeypatch):
+    live.resize(2)
+    monkeypatch.setattr(process, "LARGE_RESULT_BYTES", 1024)  # 1 GiB in the lab
+    with pytest.warns(UserWarning) as warned:
+        results = live.run(two_kib_on_rank_1)
+    assert [r.numel() for r in results] == [0, 512]
+    assert [str(w.message) for w in warned] == [
+        "the result of rank 1 is 0.0 GiB: the notebook holds all of it (return less, or save "
+        "it to a file on the rank)"]
+
+
 def start_a_subprocess(rank, world_size):
     return subprocess.Popen(["sleep", "600"]).pid
 

@@ -38,7 +38,6 @@ import itertools
 import math
 import multiprocessing.connection as mpc
 import os
-import pickle
 import signal
 import sys
 import threading
@@ -51,7 +50,8 @@ from helpers.launch.errors import RankError, RankTimeoutError, describe_exit
 from helpers.launch.host import max_cpu_world_size, pin_transports, resolve_backend
 from helpers.launch.process import (POLL_S, Launcher, RankProcess, kill_all, private_folder,
                                     sigint_deferred)
-from helpers.launch.shipping import changed_files, pack, shown_path, with_cell_lines
+from helpers.launch.shipping import (changed_files, loads_frames, pack, shown_path,
+                                     with_cell_lines)
 
 # Most rank processes one kernel keeps alive at once (None: `max_cpu_world_size()`).
 LIVE_RANK_LIMIT: int | None = None
@@ -368,7 +368,7 @@ class LiveRanks:
             for conn in mpc.wait(list(pending), timeout=min(left, POLL_S)):
                 rank = pending[conn]
                 try:
-                    reply = conn.recv()
+                    reply = rank.receive()
                 except (EOFError, OSError):
                     raise self._died(rank, what) from None
                 for path, stamp in reply[5].items():  # the first stays, so a later edit shows
@@ -462,9 +462,9 @@ def _what_each_did(ranks: list[RankProcess], replies: dict, pending: dict) -> di
     return found
 
 
-def _unpickle(rank: int, data: bytes, what: str):
+def _unpickle(rank: int, frames: list, what: str):
     try:
-        return pickle.loads(data)
+        return loads_frames(frames)
     except Exception as e:  # e.g. a class the rank could import and the notebook cannot
         raise RankError(rank, what, f"the result of rank {rank} could not be unpickled in this "
                         f"process: {type(e).__name__}: {e}") from e

@@ -30,12 +30,16 @@ import sys
 import tempfile
 import threading
 import time
+import warnings
 
 from helpers.launch.errors import RankError, describe_exit
-from helpers.launch.worker import BOOT, LAUNCHER_BOOT, OpSlot
+from helpers.launch.shipping import read_frame
+from helpers.launch.worker import BOOT, LAUNCHER_BOOT, Frames, OpSlot
 
 # How often a waiting parent also checks that its ranks are still alive.
 POLL_S = 0.5
+# A result larger than this is named in a warning (it crosses once, but the notebook holds it).
+LARGE_RESULT_BYTES = 1024**3
 _FOLDER_PREFIX = "plab-ranks-"
 
 
@@ -231,12 +235,27 @@ class RankProcess:
             self.process.kill()
             return self.process.wait()
 
+    def receive(self) -> tuple:
+        """The next reply, with a result's frames read after it (see worker.Frames): each
+        into a bytearray of its own, which the result's tensors then use as their memory."""
+        reply = self.conn.recv()
+        data = reply[2]
+        if type(data) is tuple and data and type(data[0]) is Frames:
+            total = sum(data[0].sizes)
+            if total > LARGE_RESULT_BYTES and reply[1] == "ok":
+                warnings.warn(f"the result of rank {self.index} is {total / 1024**3:.1f} GiB: "
+                              "the notebook holds all of it (return less, or save it to a "
+                              "file on the rank)", stacklevel=5)
+            frames = [read_frame(self.conn.fileno()) for _ in data[0].sizes]
+            reply = (*reply[:2], (frames, *data[1:]), *reply[3:])
+        return reply
+
     def drain(self) -> bool:
         """Throw away replies nobody waits for any more (from a request that was given up);
         False if the rank is gone (exited, or its pipe is closed as it exits)."""
         try:
             while self.conn.poll():
-                self.conn.recv()
+                self.receive()
         except (EOFError, OSError):
             return False
         return self.alive()

@@ -8,8 +8,11 @@ stale.
   the globals it reads, and the helpers and classes those name. Arguments travel the same way,
   functions among them. Whatever does not pickle (a lock, an open file, a process group) is
   one `TypeError` naming the argument.
-* Results come back through the same pickler. A class defined in a cell keeps cloudpickle's
-  id for it on both sides, so an instance a rank returns unpickles as an instance of the
+* Results come back through the same pickler, as frames (`dumps_frames`): the pickle, then
+  each plain CPU tensor's memory sent as it lies, received once and used as the tensor's own
+  storage in the notebook, so a result costs about its own size in transit, not three times.
+  (A tensor's values, dtype and shape cross; its layout arrives contiguous.) A class defined
+  in a cell keeps cloudpickle's id for it on both sides, so an instance a rank returns unpickles as an instance of the
   notebook's very class: `isinstance` and `==` hold, as long as the cell defining it has not
   been run again since the call (a re-run defines a new class, as in plain Python).
 * `with_cell_lines(traceback_text)`: a rank has no copy of a cell's source, so its traceback
@@ -31,6 +34,7 @@ import os
 import pickle
 import re
 import site
+import struct
 import sys
 import sysconfig
 import types
@@ -54,10 +58,41 @@ def _refuse_open_file(file: io.TextIOWrapper):
     raise TypeError(f"cannot send an open file ({getattr(file, 'name', '?')!r})")
 
 
+def _tensor_from_buffer(buffer, dtype, shape):
+    """A tensor over `buffer` itself (no copy): what `_reduce_tensor` ships is rebuilt here."""
+    import torch
+    if memoryview(buffer).readonly:  # torch wants memory it may write
+        buffer = bytearray(buffer)
+    if not len(buffer):
+        return torch.empty(shape, dtype=dtype)
+    return torch.frombuffer(buffer, dtype=torch.uint8).view(dtype).reshape(shape)
+
+
+def _reduce_tensor(tensor):
+    """A plain CPU tensor as its bytes in a pickle.PickleBuffer: with `dumps_frames` they are
+    sent as they lie in memory, never copied into the pickle (values, dtype and shape cross;
+    the layout arrives contiguous). Anything else pickles as torch pickles it."""
+    import torch
+    if (tensor.layout != torch.strided or tensor.device.type != "cpu" or tensor.requires_grad
+            or tensor.is_quantized):
+        return NotImplemented
+    data = tensor.resolve_conj().resolve_neg().contiguous()
+    raw = data.reshape(-1).view(torch.uint8).numpy()
+    return _tensor_from_buffer, (pickle.PickleBuffer(raw), data.dtype, tuple(data.shape))
+
+
 class _Pickler(cloudpickle.Pickler):
     dispatch_table = ChainMap({io.TextIOWrapper: _refuse_open_file},
                               {types.CodeType: _code_keeping_its_file} if _code_reduce else {},
                               cloudpickle.Pickler.dispatch_table)
+
+    def reducer_override(self, obj):
+        torch = sys.modules.get("torch")
+        if torch is not None and type(obj) is torch.Tensor:
+            reduced = _reduce_tensor(obj)
+            if reduced is not NotImplemented:
+                return reduced
+        return super().reducer_override(obj)
 
 
 def dumps(value) -> bytes:
@@ -65,6 +100,59 @@ def dumps(value) -> bytes:
     buffer = io.BytesIO()
     _Pickler(buffer, protocol=pickle.HIGHEST_PROTOCOL).dump(value)
     return buffer.getvalue()
+
+
+def dumps_frames(value) -> list[memoryview]:
+    """`value` as frames to send one after another: the pickle, then the memory of each of its
+    tensors as it lies (pickle protocol 5's out-of-band buffers). A result crosses as its
+    bytes once: nothing is copied into a pickle on the way out, and `loads_frames` builds
+    each tensor over the bytes received."""
+    buffers: list[pickle.PickleBuffer] = []
+    stream = io.BytesIO()
+    _Pickler(stream, protocol=5, buffer_callback=buffers.append).dump(value)
+    return [stream.getbuffer(), *(b.raw() for b in buffers)]
+
+
+def loads_frames(frames: list):
+    """What `dumps_frames` sent, from the frames as received (bytearrays: writable)."""
+    return pickle.loads(frames[0], buffers=frames[1:])
+
+
+# Frames travel on the pipe's file descriptor itself, between two of its messages: 8 bytes of
+# length, then the bytes, written from and read into memory as it lies (multiprocessing's own
+# recv_bytes_into reads into a copy first: twice the result).
+_LENGTH = struct.Struct("!Q")
+
+
+def write_frames(fd: int, frames: list) -> None:
+    for frame in frames:
+        with memoryview(frame) as view, view.cast("B") as data:
+            _write_all(fd, _LENGTH.pack(len(data)))
+            _write_all(fd, data)
+
+
+def _write_all(fd: int, data) -> None:
+    with memoryview(data) as view:
+        done = 0
+        while done < len(view):
+            done += os.write(fd, view[done:done + (1 << 24)])
+
+
+def read_frame(fd: int) -> bytearray:
+    """The next frame `write_frames` wrote to `fd`'s other end, in a bytearray of its own."""
+    (size,) = _LENGTH.unpack(_read_into(fd, bytearray(_LENGTH.size)))
+    return _read_into(fd, bytearray(size))
+
+
+def _read_into(fd: int, buffer: bytearray) -> bytearray:
+    with io.FileIO(fd, "rb", closefd=False) as pipe, memoryview(buffer) as view:
+        done = 0
+        while done < len(view):
+            got = pipe.readinto(view[done:])
+            if not got:
+                raise EOFError("the rank's pipe closed in the middle of a result")
+            done += got
+    return buffer
 
 
 def pack(fn, args: tuple, kwargs: dict) -> bytes:

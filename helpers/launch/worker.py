@@ -2,7 +2,8 @@
 
 Messages are (request id, kind, args); replies are (request id, status, data, out, err,
 module files), the status "ok", "error" or "timeout" (the rank classifies its own exception:
-see `_status`).
+see `_status`). A result follows its reply as frames written on the pipe (`Frames`): the
+pickle, then each tensor's memory as it lies, so it crosses as bytes once.
 A rank starts in one of two ways, both from a boot string run as `python -c`:
 * `LAUNCHER_BOOT` starts a launcher (Linux): it imports torch once, then forks a rank per
   request, so a rank starts in tens of milliseconds instead of importing torch again (about
@@ -47,10 +48,11 @@ import sys
 import threading
 import time
 import traceback
+import typing
 from datetime import timedelta
 
 from helpers.launch.host import threads_per_rank
-from helpers.launch.shipping import dumps, new_module_files
+from helpers.launch.shipping import dumps_frames, new_module_files, write_frames
 
 _OP_SLOT_BYTES = 64
 # The process-group timeout used for timeout=None: long enough never to matter in a course.
@@ -281,14 +283,20 @@ def _leave_group(index: int) -> None:
         dist.destroy_process_group()
 
 
-def _run_function(index: int, payload: bytes) -> tuple[bytes, str | None]:
-    """(the pickled result, what became of the lab's default group: see `_tidy_groups`)."""
+class Frames(typing.NamedTuple):
+    """In a reply, where the data will be: in the frames that follow it on the pipe, of these
+    sizes (the result as `shipping.dumps_frames` cut it: sent as bytes, once)."""
+    sizes: tuple[int, ...]
+
+
+def _run_function(index: int, payload: bytes) -> tuple[list, str | None]:
+    """(the result's frames, what became of the lab's default group: see `_tidy_groups`)."""
     import torch.distributed as dist
     from torch.distributed import distributed_c10d as c10d
     fn, args, kwargs = pickle.loads(payload)
     before = set(c10d._world.pg_map)
-    result = dumps(_to_cpu(fn(index, dist.get_world_size(), *args, **kwargs)))
-    return result, _tidy_groups(before)
+    frames = dumps_frames(_to_cpu(fn(index, dist.get_world_size(), *args, **kwargs)))
+    return frames, _tidy_groups(before)
 
 
 def _tidy_groups(before: set) -> str | None:
@@ -388,7 +396,14 @@ def _rank_main(config: dict) -> None:
             return
         with contextlib.suppress(OSError):
             os.ftruncate(2, 0)  # the file holds what the current request wrote
-        conn.send((request, *_handle(index, kind, args), new_module_files(seen)))
+        status, data, out, err = _handle(index, kind, args)
+        frames = []
+        if status == "ok" and kind == "run":
+            frames, group = data
+            data = (Frames(tuple(f.nbytes for f in frames)), group)
+        conn.send((request, status, data, out, err, new_module_files(seen)))
+        write_frames(conn.fileno(), frames)
+        del data, frames  # not held while the rank waits for the next request
 
 
 def _stderr_to(path: str) -> None:
