@@ -145,8 +145,9 @@ class LiveRanks:
     runs: kind, reduce op, root, dtype, shape, group and a per-group sequence number; a
     difference raises the same CollectiveMismatchError on every rank, naming the field and
     the ranks (docs/checked_collectives.md). Its cost is one more small all_reduce per call:
-    a 1 KiB all_reduce on 2 gloo ranks took 1.0–1.4 ms instead of 0.30–0.37 ms (median of
-    2,000 calls, a loaded 2-core machine). Send and recv are not checked.
+    a 1 KiB all_reduce on 2 gloo ranks took 1.0–1.4 ms instead of 0.30–0.48 ms (medians of
+    2,000 calls in six runs on a 2-core machine, idle and loaded). Send and recv are not
+    checked.
     `multi_node=True` lets inherited GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME / TP_SOCKET_IFNAME
     choose the interface; by default every transport is pinned to loopback.
     Calls from several threads are serialised. A kernel keeps at most `live_rank_limit()`
