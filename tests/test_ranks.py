@@ -1,5 +1,6 @@
 """helpers.ranks: real processes, real process groups; what a notebook user relies on."""
 import dataclasses
+import datetime
 import functools
 import ipaddress
 import linecache
@@ -246,31 +247,35 @@ def test_collective_whose_peer_never_joins_times_out_naming_the_operation():
         assert "[1]" in str(info.value)  # rank 1 returned without joining
         assert isinstance(info.value, TimeoutError)
         assert group.run(rank_fns.identity)[1]["rank"] == 1
-        # The issue's case: a peer stuck in Python, not one that never came.
+        # The issue's case: a peer stuck in Python, not one that never came (the barrier's
+        # own timeout=1 stands for the group's: the same flag, sooner).
         with pytest.raises(RankTimeoutError) as info:
-            group.run(sleep_on_rank_0_while_1_all_reduces, 8)  # < timeout + the parent's 5 s
+            group.run(sleep_on_rank_0_while_1_waits_in_a_barrier, 4)
         assert info.value.rank == 1 and info.value.others == {0: None}
-        assert "rank 1 timed out after 5 s in all_reduce; rank(s) [0] were running Python " \
+        assert "rank 1 timed out after 1 s in barrier; rank(s) [0] were running Python " \
                "code, in no collective." in str(info.value)
         assert "never joined" not in str(info.value)
 
 
-def sleep_on_rank_0_while_1_all_reduces(rank, world_size, seconds):
+def sleep_on_rank_0_while_1_waits_in_a_barrier(rank, world_size, seconds):
     if rank == 0:
         time.sleep(seconds)
     else:
-        dist.all_reduce(torch.ones(1))
+        dist.barrier(timeout=datetime.timedelta(seconds=1))
 
 
 def test_a_timeout_is_the_ranks_flag_and_its_message_blames_no_rank_that_joined(monkeypatch):
     from helpers.launch import worker
     monkeypatch.setitem(worker._LAB, "timeout", 5.0)
     in_a_collective = RuntimeError("Connection closed by peer")
-    in_a_collective.__collective__ = ("all_reduce", 0.1)
+    in_a_collective.__collective__ = ("all_reduce", 0.1, None)
     waited = RuntimeError("[gloo] Timed out waiting 5000ms for recv operation to complete")
-    waited.__collective__ = ("all_reduce", 5.0)
-    assert worker._status(RuntimeError("Timed out waiting for a file")) == "error"  # not words
-    assert [worker._status(in_a_collective), worker._status(waited)] == ["error", "timeout"]
+    waited.__collective__ = ("all_reduce", 5.0, None)
+    its_own = RuntimeError("[gloo] Timed out waiting 1000ms for recv operation to complete")
+    its_own.__collective__ = ("barrier", 1.0, 1.0)  # barrier(timeout=timedelta(seconds=1))
+    assert worker._status(RuntimeError("Timed out waiting for a file")) == ("error", None)
+    assert [worker._status(e) for e in (in_a_collective, waited, its_own)] == [
+        ("error", None), ("timeout", 5.0), ("timeout", 1.0)]
     # World size 4: rank 1 timed out in all_reduce as well, rank 2 is still in it, rank 3
     # returned without it. Only rank 3 is said to have returned.
     error = RankTimeoutError(0, "all_reduce", "tb", 5.0,

@@ -402,12 +402,12 @@ class LiveRanks:
 
     def _failed(self, rank: RankProcess, reply: tuple, ranks: list[RankProcess],
                 replies: dict, pending: dict) -> RankError:
-        tb = with_cell_lines(reply[2])
-        if reply[1] == "timeout":
+        if reply[1] == "timeout":  # the rank's own flag, with the seconds it was allowed
+            tb, limit = reply[2]
             others = _what_each_did(ranks, replies, pending)
             del others[rank.index]
-            return RankTimeoutError(rank.index, rank.op, tb, self.timeout, others)
-        return RankError(rank.index, rank.op, tb)
+            return RankTimeoutError(rank.index, rank.op, with_cell_lines(tb), limit, others)
+        return RankError(rank.index, rank.op, with_cell_lines(reply[2]))
 
     def _timed_out(self, ranks: list[RankProcess], pending: dict, what: str,
                    waited: float) -> RankTimeoutError:

@@ -119,7 +119,8 @@ def _publish_current_op(op_slot) -> None:
                 result = real(*args, **kwargs)
             except BaseException as error:
                 with contextlib.suppress(Exception):  # some exceptions take no attributes
-                    error.__collective__ = (name, time.monotonic() - started)
+                    error.__collective__ = (name, time.monotonic() - started,
+                                            _own_timeout(signature, args, kwargs))
                 raise
             op_slot.value = b""
             return result
@@ -130,6 +131,17 @@ def _publish_current_op(op_slot) -> None:
         real = getattr(dist, name, None)
         if real is not None and not hasattr(real, "__wrapped_collective__"):
             setattr(dist, name, wrap(name, real))
+
+
+def _own_timeout(signature, args: tuple, kwargs: dict) -> float | None:
+    """The `timeout=` a call gave itself (barrier and monitored_barrier take one), in seconds."""
+    if "timeout" not in signature.parameters:
+        return None
+    try:
+        limit = signature.bind(*args, **kwargs).arguments.get("timeout")
+    except TypeError:
+        return None
+    return limit.total_seconds() if isinstance(limit, timedelta) else None
 
 
 # -- checked collectives ----------------------------------------------------------------------
@@ -353,24 +365,30 @@ _HANDLERS = {"init": _init_group, "leave": _leave_group, "run": _run_function}
 
 def _handle(index: int, kind: str, args: tuple) -> tuple:
     """(status, data, out, err): data is the pickled result, or the traceback on an error;
-    the status is "ok", "error" or "timeout" (`_status`)."""
+    the status is "ok", "error" or "timeout" (`_status`). After a timeout, data is
+    (traceback, the seconds the collective was allowed)."""
     out, err = io.StringIO(), io.StringIO()  # shown by the parent, in rank order
     try:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             data = _HANDLERS[kind](index, *args)
         return "ok", data, out.getvalue(), err.getvalue()
     except BaseException as error:
-        return _status(error), traceback.format_exc(), out.getvalue(), err.getvalue()
+        status, limit = _status(error)
+        text = traceback.format_exc()
+        return status, (text, limit) if status == "timeout" else text, out.getvalue(), err.getvalue()
 
 
-def _status(error: BaseException) -> str:
-    """"timeout" when a collective raised `error` after waiting the process group's whole
-    timeout for its peers (the wrapper in `_publish_current_op` marks what a collective
-    raises, with how long it waited), else "error". Decided here, on the rank, from the
-    exception itself: the parent reads the flag, never the traceback's words."""
-    _, waited = getattr(error, "__collective__", (None, 0.0))
-    timeout = _LAB.get("timeout")
-    return "timeout" if timeout is not None and waited >= 0.95 * timeout else "error"
+def _status(error: BaseException) -> tuple[str, float | None]:
+    """("timeout", seconds allowed) when a collective raised `error` after waiting its whole
+    timeout for its peers (its own `timeout=`, or the process group's), else ("error",
+    None). The wrapper in `_publish_current_op` marks what a collective raises with how
+    long it waited. Decided here, on the rank, from the exception itself: the parent reads
+    the flag, never the traceback's words."""
+    _, waited, own = getattr(error, "__collective__", (None, 0.0, None))
+    limit = own if own is not None else _LAB.get("timeout")
+    if limit is not None and waited >= 0.95 * limit:
+        return "timeout", limit
+    return "error", None
 
 
 def _rank_main(config: dict) -> None:
