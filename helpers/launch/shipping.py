@@ -76,8 +76,11 @@ def _reduce_tensor(tensor):
     if (tensor.layout != torch.strided or tensor.device.type != "cpu" or tensor.requires_grad
             or tensor.is_quantized):
         return NotImplemented
-    data = tensor.resolve_conj().resolve_neg().contiguous()
-    raw = data.reshape(-1).view(torch.uint8).numpy()
+    try:
+        data = tensor.resolve_conj().resolve_neg().contiguous()
+        raw = data.reshape(-1).view(torch.uint8).numpy()
+    except (RuntimeError, TypeError):  # named dimensions, a dtype numpy cannot view, ...
+        return NotImplemented
     return _tensor_from_buffer, (pickle.PickleBuffer(raw), data.dtype, tuple(data.shape))
 
 
