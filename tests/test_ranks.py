@@ -881,9 +881,28 @@ def start_a_subprocess(rank, world_size):
     return subprocess.Popen(["sleep", "600"]).pid
 
 
-def test_a_ranks_subprocesses_end_with_it(live):
+def start_a_subprocess_then_exit_on_rank_0(rank, world_size, folder):
+    if rank == 0:
+        with open(os.path.join(folder, "pid"), "w") as f:
+            f.write(str(start_a_subprocess(rank, world_size)))
+        os._exit(3)
+    dist.barrier()
+
+
+def test_a_ranks_subprocesses_end_with_it(live, capsys, tmp_path):
     live.resize(2)
     pids = live.run(start_a_subprocess)
     assert all(alive(pid) for pid in pids)
     live.close()
     assert wait_dead(pids) == []
+    # A rank that exited on its own was reaped: its group is named, not killed.
+    capsys.readouterr()
+    with pytest.raises(RankError, match="exit code 3"):
+        live.run(start_a_subprocess_then_exit_on_rank_0, str(tmp_path))
+    orphan = int((tmp_path / "pid").read_text())
+    try:
+        assert capsys.readouterr().err.splitlines() == [
+            "helpers.ranks: rank 0 had exited before it could be stopped with the processes it "
+            f"started; still running: {orphan} (sleep)"]
+    finally:
+        os.kill(orphan, signal.SIGKILL)

@@ -48,8 +48,8 @@ from typing import Callable
 from helpers.launch.checks import check_rank_function, check_timeout, check_world_size
 from helpers.launch.errors import RankError, RankTimeoutError, describe_exit
 from helpers.launch.host import max_cpu_world_size, pin_transports, resolve_backend
-from helpers.launch.process import (POLL_S, Launcher, RankProcess, kill_all, private_folder,
-                                    sigint_deferred)
+from helpers.launch.process import (POLL_S, Launcher, RankProcess, kill_all, left_behind,
+                                    private_folder, sigint_deferred)
 from helpers.launch.shipping import (changed_files, loads_frames, pack, shown_path,
                                      with_cell_lines)
 
@@ -289,6 +289,9 @@ class LiveRanks:
         object is left ready for the next call."""
         with sigint_deferred():
             self._group_size = 0
+            for index, still in sorted(left_behind(self._ranks).items()):
+                _notice(f"rank {index} had exited before it could be stopped with the processes "
+                        f"it started; still running: {', '.join(still)}")
             kill_all(self._ranks, self._folders, self._launchers)
             self._module_files.clear()
             self._dirty = False

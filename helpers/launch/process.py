@@ -267,6 +267,27 @@ class RankProcess:
         self.op_slot.close()
 
 
+def left_behind(ranks: list[RankProcess]) -> dict[int, list[str]]:
+    """{rank: ["1234 (sleep)", ...]}: what still runs in the process group of each rank that
+    has exited and been reaped already, so that killing its group is no longer certain to
+    reach only its own (Linux's /proc; elsewhere nothing is found). Named, not killed."""
+    exited = {rank.pid: rank.index for rank in ranks if rank.process.returncode is not None}
+    found: dict[int, list[str]] = {}
+    if not exited or not os.path.isdir("/proc"):
+        return found
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                name, fields = f.read().rsplit(")", 1)
+        except OSError:
+            continue
+        state, _, pgid = fields.split()[:3]
+        if int(pgid) in exited and state != "Z":
+            found.setdefault(exited[int(pgid)], []).append(
+                f"{entry} ({name.split('(', 1)[1]})")
+    return found
+
+
 def kill_all(ranks: list[RankProcess], folders: list[str], launchers: list[Launcher]) -> None:
     """Kill every rank first, then reap each, then close the launcher and remove the folder:
     killing all before waiting on any means one stuck rank cannot keep the others alive."""
