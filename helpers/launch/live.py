@@ -114,11 +114,10 @@ def _make_room(owner: "LiveRanks", needed: int) -> None:
     for other in sorted((g for g in groups if g is not owner), key=lambda g: g._last_used):
         if total <= limit:
             return
+        if other._lock._is_owned():  # this thread is inside a call on it: a signal handler
+            continue
         if not other._lock.acquire(blocking=False):
             continue  # in use by another thread right now: not idle
-        if other._inside is not None:  # this thread is inside a call on it: a signal handler
-            other._lock.release()
-            continue
         try:
             count, name = len(other._ranks), f"LiveRanks(world_size={other.world_size})"
             other._teardown()
@@ -177,7 +176,7 @@ class LiveRanks:
         # {file: (mtime, size)} of the reader's and the project's modules the ranks imported
         self._module_files: dict[str, tuple[int, int]] = {}
         self._lock = threading.RLock()
-        self._inside: str | None = None  # the call in progress ("run", "close")
+        self._inside: str | None = None  # the last call that held the lock ("run", "close")
         self._last_used = 0
         # Close on garbage collection and at interpreter exit, whichever comes first. (The
         # finalizer holds the lists themselves, so they are only ever changed in place.)
@@ -255,18 +254,17 @@ class LiveRanks:
     def _one_at_a_time(self, what: str):
         """The lock that serialises calls from several threads. The same thread coming back
         in while it is inside a call can only be a signal handler (or a finalizer) that
-        interrupted that call: refused with one error, before it touches the ranks."""
-        with self._lock:  # an RLock: only this very thread gets past it while a call runs
-            if self._inside is not None:
-                raise RuntimeError(
-                    f"LiveRanks.{what}() was called while this thread is inside "
-                    f"LiveRanks.{self._inside}() of the same object (from a signal handler?); "
-                    "calls on one LiveRanks cannot nest: call it after that one returns")
-            self._inside = what
-            try:
-                yield
-            finally:
-                self._inside = None
+        interrupted that call: refused with one error, before it touches the ranks. (The
+        lock's own record of its owner decides: a flag of ours could be left set by an
+        interrupt landing in the very line that clears it.)"""
+        if self._lock._is_owned():  # an RLock this thread holds: it is inside a call
+            raise RuntimeError(
+                f"LiveRanks.{what}() was called while this thread is inside "
+                f"LiveRanks.{self._inside}() of the same object (from a signal handler?); "
+                "calls on one LiveRanks cannot nest: call it after that one returns")
+        with self._lock:
+            self._inside = what  # for that message only
+            yield
 
     def __enter__(self) -> "LiveRanks":
         return self
