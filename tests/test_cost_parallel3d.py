@@ -149,7 +149,8 @@ def test_views_draw(monkeypatch):
     bars = {tuple(b.get_facecolor()) for b in figs[2].axes[0].patches}
     assert {tuple(entries[k]) for k in ("compute", "pipeline p2p", "DP comm")} == bars
     # the breakdown's legend sits beside the bars, not over them
-    box = figs[1].axes[0].get_legend().get_window_extent(figs[1].canvas.get_renderer())
+    from matplotlib.backends.backend_agg import FigureCanvasAgg  # views make plain Figures
+    box = figs[1].axes[0].get_legend().get_window_extent(FigureCanvasAgg(figs[1]).get_renderer())
     assert box.x0 >= figs[1].axes[0].get_window_extent().x1
     plt.close("all")
     from helpers.configs import TRANSFORMER
