@@ -624,12 +624,12 @@ def test_cell_functions_closures_and_lambdas_run_by_value(live):
     assert live.run(functools.partial(lambda rank, world_size, k: rank + k, k=5)) == [5, 6]
 
 
-def test_cell_lines_are_put_back_from_this_process(monkeypatch):
-    cell = "/tmp/ipykernel_1/123.py"
+def test_cell_lines_are_put_back_from_this_process(monkeypatch, tmp_path):
+    cell = str(tmp_path / "ipykernel_1" / "123.py")  # where IPython names a cell's code
     monkeypatch.setitem(linecache.cache, cell, (30, None, ["x = 1\n", "    raise ValueError(x)\n"],
                                                 cell))
     remote = ('Traceback (most recent call last):\n'
-              '  File "/x/worker.py", line 9, in _handle\n'
+              '  File "worker.py", line 9, in _handle\n'
               '    data = run()\n'
               f'  File "{cell}", line 2, in fails\n'
               'ValueError: 1\n')
