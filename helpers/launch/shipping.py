@@ -239,8 +239,10 @@ def new_module_files(seen: set) -> dict[str, tuple[int, int]]:
         if not isinstance(path, str):
             continue
         path = os.path.realpath(path)
+        if path.startswith(_installed_folders()):  # torch's thousands of files: not stat'ed
+            continue
         stamp = _stamp(path)
-        if stamp is not None and not path.startswith(_installed_folders()):
+        if stamp is not None:
             found[path] = stamp
     return found
 

@@ -28,9 +28,10 @@ import tempfile
 from dataclasses import replace
 from pathlib import Path
 
+from helpers.checks import shorten
 from helpers.hardware import PRESETS
 
-from .config import load_config, preset, shorten
+from .config import load_config, preset
 from .curve import run_curve
 from .report import dumps, price_of
 from .settings import BATCH_LAWS, Settings

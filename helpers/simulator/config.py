@@ -50,12 +50,12 @@ def _check_search_size(levels) -> None:
     """The search enumerates every split of the five degrees over the inner levels: refuse
     networks whose splits would not fit in memory or finish in minutes."""
     check_that(len(levels) <= MAX_LEVELS, "network_levels", f"at most {MAX_LEVELS} levels",
-           f"{len(levels)} levels")
+               f"{len(levels)} levels")
     placements = math.prod(_factorizations5(lv.size) for lv in levels[:-1])
     check_that(placements <= MAX_PLACEMENTS, "network_levels",
-           f"levels whose sizes allow at most {MAX_PLACEMENTS} placements per layout "
-           "(fewer or smaller levels)", f"sizes {[lv.size for lv in levels[:-1]]}: "
-           f"{placements} placements")
+               f"levels whose sizes allow at most {MAX_PLACEMENTS} placements per layout "
+               "(fewer or smaller levels)", f"sizes {[lv.size for lv in levels[:-1]]}: "
+               f"{placements} placements")
 
 
 def _check_derived(gpu: GPU) -> None:
@@ -67,8 +67,9 @@ def _check_derived(gpu: GPU) -> None:
             value = getattr(gpu, attr)
         except OverflowError:  # an integer field too large for a float (num_sms = 10**400)
             value = math.inf
-        check_that(0 < value < math.inf, "flop_per_clock_per_thread, num_sms, bitwidth, max_clock_Hz "
-               "and effective_utilization", f"such that the {name} is a finite number > 0", value)
+        check_that(0 < value < math.inf,
+                   "flop_per_clock_per_thread, num_sms, bitwidth, max_clock_Hz and "
+                   "effective_utilization", f"such that the {name} is a finite number > 0", value)
 
 
 def validate_gpu(gpu: GPU) -> GPU:
@@ -76,27 +77,27 @@ def validate_gpu(gpu: GPU) -> GPU:
     the field and the range it must be in."""
     check_that(isinstance(gpu.name, str) and gpu.name != "", "name", "a non-empty string", gpu.name)
     check_that(isinstance(gpu.bitwidth, int) and not isinstance(gpu.bitwidth, bool)
-           and gpu.bitwidth > 0, "bitwidth", "a positive integer", gpu.bitwidth)
+               and gpu.bitwidth > 0, "bitwidth", "a positive integer", gpu.bitwidth)
     fpct = gpu.flop_per_clock_per_thread
     check_that(isinstance(fpct, dict) and gpu.bitwidth in fpct, "flop_per_clock_per_thread",
-           f"a map with an entry for bitwidth {gpu.bitwidth}", fpct)
+               f"a map with an entry for bitwidth {gpu.bitwidth}", fpct)
     for bits, v in fpct.items():
         check_that(is_number(v) and 0 < v < math.inf, f"flop_per_clock_per_thread[{bits}]",
-               "a finite number > 0 (FLOP/s must be positive)", v)
+                   "a finite number > 0 (FLOP/s must be positive)", v)
     check_that(isinstance(gpu.num_sms, int) and not isinstance(gpu.num_sms, bool)
-           and gpu.num_sms > 0, "num_sms", "a positive integer", gpu.num_sms)
+               and gpu.num_sms > 0, "num_sms", "a positive integer", gpu.num_sms)
     for name in _NUMBER_FIELDS:
         v = getattr(gpu, name)
         check_that(is_number(v) and 0 < v < math.inf, name, "a finite number > 0", v)
     check_that(is_number(gpu.effective_utilization) and 0 < gpu.effective_utilization <= 1,
-           "effective_utilization", "in (0, 1]", gpu.effective_utilization)
+               "effective_utilization", "in (0, 1]", gpu.effective_utilization)
     check_that(isinstance(gpu.distributed_shared_memory, bool), "distributed_shared_memory",
-           "true or false", gpu.distributed_shared_memory)
+               "true or false", gpu.distributed_shared_memory)
     check_that(is_number(gpu.latency_per_matmul_s) and 0 <= gpu.latency_per_matmul_s < math.inf,
-           "latency_per_matmul_s", "a finite number >= 0", gpu.latency_per_matmul_s)
+               "latency_per_matmul_s", "a finite number >= 0", gpu.latency_per_matmul_s)
     levels = gpu.network_levels
     check_that(isinstance(levels, tuple) and len(levels) >= 1, "network_levels",
-           "a non-empty list of levels, innermost first", levels)
+               "a non-empty list of levels, innermost first", levels)
     for k, lv in enumerate(levels):
         where = f"network_levels[{k}]"
         check_that(isinstance(lv, NetworkLevel), where, "a network level", lv)
@@ -262,11 +263,11 @@ def _check_grid(settings: Settings) -> None:
     except OverflowError:
         models = None
     check_that(models is not None, "depth_coef and depth_exp",
-           "small enough that the layer count of every grid model is finite",
-           (settings.depth_coef, settings.depth_exp))
+               "small enough that the layer count of every grid model is finite",
+               (settings.depth_coef, settings.depth_exp))
     T = settings.duration_s
     check_that(0 < T < math.inf, "months", "a duration that is finite and > 0 in seconds",
-           settings.months)
+               settings.months)
     for m in models:
         check_that(math.isfinite(m.C) and math.isfinite(m.D), "tokens_per_param",
                "small enough that the training compute of every grid model is finite",
