@@ -8,6 +8,7 @@ is built, one concern per module:
     errors.py    RankError and RankTimeoutError: which rank failed, in which collective, why
     worker.py    the rank side: a process that joins a group and runs what it is sent; the launcher
     process.py   the notebook's handles on rank processes: start, watch, kill, reap; private folders
+    cluster.py   emulated nodes: network namespaces joined by a shaped link (Linux, root)
     live.py      LiveRanks, its per-process pool and cap, exit-signal clean-up, spawn
     torchrun.py  what `python -m helpers.run` runs under torchrun: the demos, notebook 07's train3d
 

@@ -45,9 +45,11 @@ import time
 import weakref
 from typing import Callable
 
+from helpers.launch import cluster as emulated
 from helpers.launch.checks import check_rank_function, check_timeout, check_world_size
 from helpers.launch.errors import RankError, RankTimeoutError, describe_exit
-from helpers.launch.host import max_cpu_world_size, pin_transports, resolve_backend
+from helpers.launch.host import (TRANSPORT_VARIABLES, max_cpu_world_size, pin_transports,
+                                 resolve_backend)
 from helpers.launch.process import (POLL_S, Launcher, RankProcess, kill_all, left_behind,
                                     private_folder, sigint_deferred)
 from helpers.launch.shipping import (changed_files, loads_frames, pack, shown_path,
@@ -86,7 +88,8 @@ _exit_handlers_installed = False
 def _on_exit_signal(signum, frame) -> None:
     """Kill our ranks and remove our folders, then die of the same signal as before."""
     for group in list(_POOL):  # no locks: the code this signal interrupted may hold them
-        kill_all(group._ranks, group._folders, group._launchers)
+        kill_all(group._ranks, group._folders, group._launchers, group._clusters)
+    emulated.close_all()
     signal.signal(signum, signal.SIG_DFL)
     os.kill(os.getpid(), signum)
 
@@ -149,14 +152,25 @@ class LiveRanks:
     checked.
     `multi_node=True` lets inherited GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME / TP_SOCKET_IFNAME
     choose the interface; by default every transport is pinned to loopback.
+    `nodes=n` runs the ranks on n emulated nodes (helpers.launch.cluster): network namespaces
+    whose uplinks into one switch are shaped to `link_bps` bits per second (default: this
+    machine's loopback all-reduce bandwidth / DEFAULT_LINK_RATIO, measured on first start).
+    Rank r sits on node `placement[r]` (default r // (world_size / n): consecutive ranks share
+    a node, as a launcher places them); `place(...)` moves them (the ranks restart).
+    Where namespaces cannot be made (not Linux, not root, no iproute2) one line says why and
+    the ranks run on the flat network.
     Calls from several threads are serialised. A kernel keeps at most `live_rank_limit()`
     rank processes alive over all its LiveRanks: the least recently used is stopped (with a
     one-line notice) and restarts on its next call.
     """
 
     def __init__(self, world_size: int, backend: str = "auto", timeout: float | None = 60,
-                 multi_node: bool = False, check_collectives: bool = False):
+                 multi_node: bool = False, check_collectives: bool = False,
+                 nodes: int | None = None, link_bps: float | None = None):
         self._world_size = check_world_size(world_size)
+        self.nodes, self.link_bps, self.link_note = self._check_nodes(nodes, link_bps)
+        self._placement: tuple[int, ...] | None = None  # None: consecutive ranks share a node
+        self._told_link: float | None = None
         self.backend = resolve_backend(backend, world_size)
         self.timeout = check_timeout(timeout)
         if not isinstance(multi_node, bool):
@@ -168,6 +182,7 @@ class LiveRanks:
         self._ranks: list[RankProcess] = []
         self._folders: list[str] = []  # the private folder while ranks run (at most one)
         self._launchers: list[Launcher] = []  # the ranks' launcher while they run (at most one)
+        self._clusters: list = []      # their emulated nodes while they run (at most one)
         self._group_size = 0           # size of the process group the ranks have joined
         self._generation = 0
         self._requests = itertools.count(1)  # request 0 is each rank's "ready"
@@ -181,7 +196,7 @@ class LiveRanks:
         # Close on garbage collection and at interpreter exit, whichever comes first. (The
         # finalizer holds the lists themselves, so they are only ever changed in place.)
         self._finalizer = weakref.finalize(self, kill_all, self._ranks, self._folders,
-                                           self._launchers)
+                                           self._launchers, self._clusters)
         with _POOL_LOCK:
             _POOL.add(self)
 
@@ -193,9 +208,94 @@ class LiveRanks:
         world_size = check_world_size(world_size)
         # The backend chosen at construction stays: one object never mixes NCCL and gloo.
         resolve_backend(self.backend, world_size)
-        with self._lock:
+        if self.nodes:
+            emulated.check_nodes(self.nodes, world_size)
+        with self._one_at_a_time("resize"):
+            if self.nodes and world_size != self._world_size:
+                self._teardown()  # every rank's node changes: they start afresh on theirs
+                self._placement = None
             self._world_size = world_size
         return self
+
+    # -- emulated nodes --------------------------------------------------------------------
+
+    def _check_nodes(self, nodes, link_bps) -> tuple[int | None, float | None, str]:
+        if nodes is None:
+            if link_bps is not None:
+                raise ValueError("link_bps needs nodes=n (2 or more emulated nodes), got "
+                                 f"link_bps={link_bps!r} with nodes=None")
+            return None, None, ""
+        nodes = emulated.check_nodes(nodes, self._world_size)
+        if link_bps is not None:
+            link_bps = emulated.check_link_bps(link_bps)
+        reason = emulated.missing()
+        if reason:
+            _notice(f"{reason}; the {self._world_size} ranks run on the flat network")
+            return None, None, ""
+        return nodes, link_bps, "" if link_bps is None else "set by the reader"
+
+    @property
+    def placement(self) -> tuple[int, ...] | None:
+        """The node of each rank (None on the flat network)."""
+        if not self.nodes:
+            return None
+        k = self._world_size // self.nodes
+        return self._placement or tuple(r // k for r in range(self._world_size))
+
+    def place(self, placement) -> "LiveRanks":
+        """Put rank r on node placement[r] (each node holds world_size / nodes ranks); the
+        ranks restart on their new nodes at the next call if any moved."""
+        if not self.nodes:
+            raise ValueError("place() needs emulated nodes: LiveRanks(..., nodes=n)")
+        placement = tuple(placement)
+        k = self._world_size // self.nodes
+        if (len(placement) != self._world_size
+                or any(isinstance(n, bool) or not isinstance(n, int) for n in placement)
+                or sorted(placement) != sorted(r // k for r in range(self._world_size))):
+            raise ValueError(f"placement must give each of the {self._world_size} ranks a node "
+                             f"in 0 … {self.nodes - 1}, {k} ranks on every node, "
+                             f"got {placement!r}")
+        with self._one_at_a_time("place"):
+            if placement != self.placement:
+                self._teardown()
+            self._placement = placement
+        return self
+
+    def set_link(self, link_bps: float) -> "LiveRanks":
+        """A new speed for the link between nodes; running ranks keep running."""
+        if not self.nodes:
+            raise ValueError("set_link() needs emulated nodes: LiveRanks(..., nodes=n)")
+        link_bps = emulated.check_link_bps(link_bps)
+        with self._one_at_a_time("set_link"):
+            self.link_bps, self.link_note = link_bps, "set by the reader"
+            if self._clusters:
+                self._clusters[0].set_link(link_bps)
+        return self
+
+    @property
+    def cluster(self):
+        """The emulated nodes the ranks run on now (None before they start, or when flat)."""
+        return self._clusters[0] if self._clusters else None
+
+    def wire_bytes(self) -> int:
+        """Bytes that crossed between nodes so far (every uplink's shaper counted what its node
+        sent, headers included); 0 before the ranks start. Take differences around a call."""
+        return sum(self.cluster.wire_bytes()) if self.cluster else 0
+
+    def _make_cluster(self) -> None:
+        if self.link_bps is None:
+            loopback = loopback_bandwidth()
+            self.link_bps = min(max(8 * loopback / emulated.DEFAULT_LINK_RATIO,
+                                    emulated.MIN_LINK_BPS), emulated.MAX_LINK_BPS)
+            self.link_note = (f"this machine's loopback all-reduce bandwidth "
+                              f"{loopback / 1e9:.2f} GB/s (measured) / "
+                              f"{emulated.DEFAULT_LINK_RATIO}")
+        self._clusters.append(emulated.EmulatedCluster(self.nodes, self.link_bps))
+        if self._told_link == self.link_bps:  # said once per link, not at every restart
+            return
+        self._told_link = self.link_bps
+        _notice(f"{self.nodes} emulated nodes × {self._world_size // self.nodes} ranks, "
+                f"link {emulated.format_link(self.link_bps)}: {self.link_note}")
 
     def run(self, fn: Callable, *args, **kwargs) -> list:
         """`[fn(r, world_size, *args, **kwargs) for r in ranks]`, each on its own rank."""
@@ -274,7 +374,12 @@ class LiveRanks:
 
     def __repr__(self) -> str:
         alive = sum(r.alive() for r in list(self._ranks))
-        return f"LiveRanks(world_size={self._world_size}, backend={self.backend!r}, processes={alive})"
+        where = ""
+        if self.nodes:
+            link = emulated.format_link(self.link_bps) if self.link_bps else "measured on start"
+            where = f", nodes={self.placement}, link={link}"
+        return (f"LiveRanks(world_size={self._world_size}, backend={self.backend!r}, "
+                f"processes={alive}{where})")
 
     @property
     def pids(self) -> list[int]:
@@ -290,7 +395,7 @@ class LiveRanks:
             for index, still in sorted(left_behind(self._ranks).items()):
                 _notice(f"rank {index} had exited before it could be stopped with the processes "
                         f"it started; still running: {', '.join(still)}")
-            kill_all(self._ranks, self._folders, self._launchers)
+            kill_all(self._ranks, self._folders, self._launchers, self._clusters)
             self._module_files.clear()
             self._dirty = False
 
@@ -331,7 +436,11 @@ class LiveRanks:
         _install_exit_handlers()
         env = pin_transports(dict(os.environ), self.multi_node)
         new = []
+        if self.nodes and not self._clusters and self.link_bps is None:
+            loopback_bandwidth()  # measured before anything of ours exists: interruptible
         with sigint_deferred():  # every started process is recorded before an interrupt lands
+            if self.nodes and not self._clusters:
+                self._make_cluster()
             if not self._folders:
                 self._folders.append(private_folder())
             if FORK_RANKS and not self._launchers:
@@ -341,7 +450,11 @@ class LiveRanks:
             launcher.wait_ready(_START_S)  # importing torch: an interrupt may land here
         with sigint_deferred():
             for index in range(len(self._ranks), len(self._ranks) + missing):
-                new.append(RankProcess(index, self._folders[0], env, launcher))
+                netns, rank_env = None, env
+                if self._clusters:  # its node's namespace, its transports on the uplink
+                    netns = self._clusters[0].node(self.placement[index]).netns_path
+                    rank_env = dict(env, **{v: emulated.UPLINK for v in TRANSPORT_VARIABLES})
+                new.append(RankProcess(index, self._folders[0], rank_env, launcher, netns))
                 self._ranks.append(new[-1])
         self._await(new, 0, "start", _START_S)
 
@@ -477,14 +590,25 @@ def _name(fn: Callable) -> str:
     return getattr(target, "__qualname__", repr(fn))
 
 
+_LOOPBACK_BPS: list[float] = []  # bytes per second, measured once per process
+
+
+def loopback_bandwidth() -> float:
+    """Bytes per second of a 2-rank gloo all-reduce of 8 MiB over loopback (nccl-tests' busbw,
+    median of 5), measured once per process: the fast level the default link is set against."""
+    if not _LOOPBACK_BPS:
+        _LOOPBACK_BPS.append(spawn(emulated.loopback_busbw, 2, backend="gloo")[0])
+    return _LOOPBACK_BPS[0]
+
+
 def spawn(fn: Callable, world_size: int, *args, backend: str = "auto",
           timeout: float | None = 60, multi_node: bool = False, check_collectives: bool = False,
-          **kwargs) -> list:
+          nodes: int | None = None, link_bps: float | None = None, **kwargs) -> list:
     """Start `world_size` fresh processes, run `fn(rank, world_size, *args, **kwargs)` on each
     inside a process group, tear everything down, and return the results in rank order.
     The keywords are LiveRanks'."""
     check_rank_function(fn)
     with LiveRanks(world_size, backend=backend, timeout=timeout, multi_node=multi_node,
-                   check_collectives=check_collectives) as ranks:
+                   check_collectives=check_collectives, nodes=nodes, link_bps=link_bps) as ranks:
         ranks._one_call = True
         return ranks.run(fn, *args, **kwargs)

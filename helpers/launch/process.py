@@ -175,14 +175,15 @@ class _Forked:
 class RankProcess:
     """One rank process and the parent's end of its pipe."""
 
-    def __init__(self, index: int, folder: str, env: dict, launcher: Launcher | None):
+    def __init__(self, index: int, folder: str, env: dict, launcher: Launcher | None,
+                 netns: str | None = None):
         self.index = index
         op_path = os.path.join(folder, f"op-{index}")
         self.op_slot = OpSlot(op_path, create=True)
         self.stderr_path = os.path.join(folder, f"stderr-{index}")
         self.conn, child = mp.Pipe()
         config = dict(_parent_config(child.fileno()), index=index, op_path=op_path,
-                      stderr_path=self.stderr_path)
+                      stderr_path=self.stderr_path, netns=netns)
         try:
             if launcher is None:
                 self.process = _python(BOOT, config, child.fileno(), env)
@@ -288,9 +289,11 @@ def left_behind(ranks: list[RankProcess]) -> dict[int, list[str]]:
     return found
 
 
-def kill_all(ranks: list[RankProcess], folders: list[str], launchers: list[Launcher]) -> None:
-    """Kill every rank first, then reap each, then close the launcher and remove the folder:
-    killing all before waiting on any means one stuck rank cannot keep the others alive."""
+def kill_all(ranks: list[RankProcess], folders: list[str], launchers: list[Launcher],
+             clusters: list = ()) -> None:
+    """Kill every rank first, then reap each, then close the launcher, remove the folder and
+    the emulated nodes (helpers.launch.cluster) the ranks ran on: killing all before waiting
+    on any means one stuck rank cannot keep the others alive."""
     for rank in ranks:
         rank.kill()
     for rank in ranks:
@@ -304,6 +307,11 @@ def kill_all(ranks: list[RankProcess], folders: list[str], launchers: list[Launc
     for folder in folders:
         shutil.rmtree(folder, ignore_errors=True)
     folders.clear()
+    for cluster in clusters:
+        with contextlib.suppress(Exception):
+            cluster.close()
+    if clusters:
+        clusters.clear()
 
 
 _deferring = False
