@@ -260,3 +260,103 @@ def load_fit(path: str | os.PathLike | None = None, level: str = DEFAULT_LEVEL) 
 def fits_from_record(record: dict) -> dict[str, Fit]:
     """Turn a loaded record's "fit" back into `Fit` objects."""
     return {op: Fit(op, v["alpha_s"], v["beta_s_per_byte"]) for op, v in record["fit"].items()}
+
+
+# ----------------------------------------------------------------------------------------
+# Two network levels: ranks on nodes.
+#
+# A placement gives the node of each rank: (0, 0, 1, 1) is 2 nodes of 2 ranks. Inside a node
+# ranks talk over the fast level (NVLink; loopback on emulated nodes), between nodes over the
+# node's uplink (InfiniBand; the shaped link). Bytes are counted per node uplink, one
+# direction: what the node sends. On emulated nodes the k ranks of a node share one uplink
+# (helpers.launch.cluster); an H100 node gives each GPU its own NIC, so there k streams that
+# cross at once each have a NIC, and the uplink counts below are k NICs' bytes together.
+# ----------------------------------------------------------------------------------------
+
+def node_blocks(placement: tuple[int, ...]) -> list[list[int]]:
+    """The ranks of each node, in rank order: (0, 1, 0, 1) -> [[0, 2], [1, 3]]."""
+    placement = _check_placement(placement)
+    return [[r for r, node in enumerate(placement) if node == i]
+            for i in range(max(placement) + 1)]
+
+
+def cross_blocks(placement: tuple[int, ...]) -> list[list[int]]:
+    """The j-th rank of every node, for each j: the groups a hierarchical all-reduce runs its
+    across-nodes step on ((0, 0, 1, 1) -> [[0, 2], [1, 3]])."""
+    nodes = node_blocks(placement)
+    return [[block[j] for block in nodes] for j in range(len(nodes[0]))]
+
+
+def ring_crossings(placement: tuple[int, ...]) -> list[int]:
+    """Per node, how many hops of the flat ring (rank r sends to r+1, the last to 0) leave it."""
+    placement = _check_placement(placement)
+    world_size = len(placement)
+    out = [0] * (max(placement) + 1)
+    for r in range(world_size):
+        if placement[r] != placement[(r + 1) % world_size]:
+            out[placement[r]] += 1
+    return out
+
+
+def flat_uplink_bytes(nbytes: float, placement: tuple[int, ...]) -> list[float]:
+    """Bytes each node's uplink sends in one flat ring all-reduce of `nbytes` per rank.
+
+    Every rank sends 2(P−1)/P · n to its successor (P = all ranks); a node's uplink carries that
+    for each ring hop that leaves the node. Consecutive ranks on a node: one hop per node, so
+    2(P−1)/P · n; ranks alternating between 2 nodes: every hop crosses, k times that."""
+    world_size = len(placement)
+    per_hop = 2 * (world_size - 1) / world_size * nbytes
+    return [hops * per_hop for hops in ring_crossings(placement)]
+
+
+def hierarchical_uplink_bytes(nbytes: float, placement: tuple[int, ...]) -> list[float]:
+    """Bytes each node's uplink sends in one hierarchical all-reduce of `nbytes` per rank.
+
+    Only the middle step crosses: each of a node's k ranks all-reduces its n/k shard with its
+    peers on the N−1 other nodes, sending 2(N−1)/N · n/k; k of them: 2(N−1)/N · n per node,
+    whatever k is. The reduce-scatter and all-gather stay inside the node."""
+    nodes = len(node_blocks(placement))
+    return [2 * (nodes - 1) / nodes * nbytes] * nodes
+
+
+def predict_flat_all_reduce(nbytes: float, placement: tuple[int, ...], link: Fit) -> float:
+    """A flat ring all-reduce on P ranks whose slowest hop crosses the link, in seconds.
+
+    The ring moves in 2(P−1) lock-step steps of n/P bytes per rank; a step ends when its slowest
+    hop does, and the slowest hop is the busiest uplink's: c hops share it (c from
+    `ring_crossings`), so a step costs α + c · n/P · β with the link's α, β (fitted with one rank
+    per node, where c = 1)."""
+    world_size, crossing = len(placement), max(ring_crossings(placement))
+    if crossing == 0:
+        raise ValueError(f"placement {placement} puts every rank on one node: no hop crosses the link")
+    return 2 * (world_size - 1) * (link.alpha_s + crossing * nbytes / world_size * link.beta_s_per_byte)
+
+
+def predict_hierarchical_all_reduce(nbytes: float, placement: tuple[int, ...],
+                                    inside: dict[str, Fit], link: Fit) -> float:
+    """Reduce-scatter inside each node, all-reduce across, all-gather inside, in seconds.
+
+    inside: the fast level's fits of "reduce_scatter" and "all_gather" (k ranks, n bytes);
+    link:   the link's all-reduce fit (one rank per node). The k shard all-reduces of n/k
+            bytes run at once over the node's one uplink, so together they cost a single
+            all-reduce of n on N ranks (2(N−1)/N · n bytes per uplink), each paying the
+            2(N−1) latencies at the same time."""
+    blocks = node_blocks(placement)
+    nodes, k = len(blocks), len(blocks[0])
+    if nodes < 2 or k < 2:
+        raise ValueError(f"a hierarchical all-reduce needs 2 or more nodes of 2 or more ranks; "
+                         f"placement {placement} has {nodes} node(s) of {k}")
+    across = 2 * (nodes - 1) * link.alpha_s + 2 * (nodes - 1) / nodes * nbytes * link.beta_s_per_byte
+    return inside["reduce_scatter"].predict(k, nbytes) + across + inside["all_gather"].predict(k, nbytes)
+
+
+def _check_placement(placement) -> tuple[int, ...]:
+    placement = tuple(placement)
+    ok = len(placement) >= 2 and all(isinstance(n, int) and not isinstance(n, bool) and n >= 0
+                                     for n in placement)
+    counts = [placement.count(i) for i in range(max(placement) + 1)] if ok else []
+    ok = ok and min(counts) == max(counts) > 0
+    if not ok:
+        raise ValueError("placement must give each rank a node 0 … N−1, as many ranks on every "
+                         f"node, got {placement!r}")
+    return placement
