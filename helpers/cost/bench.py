@@ -362,3 +362,66 @@ def explain_lecture_numbers(lecture: dict = LECTURE_BENCHMARK) -> list[LectureNu
                               formula_factor=float(p),
                               nccl_busbw_GBps=ab.busbw_GBps("reduce_scatter", p, p * n, t)))
     return rows
+
+
+# ----------------------------------------------------------------------------------------
+# Two network levels: inside a node (loopback) and across nodes (the link).
+# ----------------------------------------------------------------------------------------
+
+# The fit file's names for them (helpers.cost.alpha_beta.save_fit's `level`).
+INSIDE, ACROSS = "loopback", "link"
+
+
+@dataclass(frozen=True)
+class LevelFit:
+    """One operation's α–β fit on one network level, with how well it predicts its sweep."""
+    level: str                  # INSIDE or ACROSS
+    op: str
+    world_size: int             # p: the group's ranks (the ranks per node inside, the nodes across)
+    alpha_s: float
+    beta_s_per_byte: float
+    median_rel_error: float     # over the level's sizes, a fraction
+    largest_bytes: int          # n of the largest size measured
+    busbw_GBps: float           # nccl-tests' bus bandwidth measured at that size, GB/s (1e9 B)
+
+    def as_record(self) -> dict:
+        """The benchmark's record: {"level", "alpha_s", "beta_s_per_byte", "median_rel_error"}."""
+        return {"level": self.level, "alpha_s": self.alpha_s,
+                "beta_s_per_byte": self.beta_s_per_byte, "median_rel_error": self.median_rel_error}
+
+
+def level_fits(records: dict[str, list[Timing]], op: str = "all_reduce") -> list[LevelFit]:
+    """`op`'s fit on each level of {level: that level's Timings}, in the order given."""
+    out = []
+    for level, timings in records.items():
+        mine = [r for r in timings if r.op == op]
+        fit = fit_sweep(mine)[op]
+        largest = max(mine, key=lambda r: r.bytes)
+        t = uncontended_time(largest)
+        out.append(LevelFit(level, op, largest.world_size, fit.alpha_s, fit.beta_s_per_byte,
+                            median_rel_error(result_rows(mine, {op: fit})), largest.bytes,
+                            ab.busbw_GBps(op, largest.world_size, largest.bytes, t)))
+    return out
+
+
+@dataclass(frozen=True)
+class FlatVsHierarchical:
+    """One all-reduce of n bytes per rank on nodes, two ways, timed alternately."""
+    placement: tuple[int, ...]             # the node of each rank
+    bytes: int                             # n: the buffer on each rank
+    flat_s: tuple[float, ...]              # dist.all_reduce (gloo's ring over all ranks)
+    hierarchical_s: tuple[float, ...]      # reduce-scatter inside, all-reduce across, all-gather
+    max_abs_difference: float              # between the two results on the same inputs
+
+    @property
+    def flat_time(self) -> float:
+        return float(np.quantile(self.flat_s, FLOOR_QUANTILE))
+
+    @property
+    def hierarchical_time(self) -> float:
+        return float(np.quantile(self.hierarchical_s, FLOOR_QUANTILE))
+
+    @property
+    def ratio(self) -> float:
+        """hierarchical / flat, each the 10th percentile of its calls (`uncontended_time`)."""
+        return self.hierarchical_time / self.flat_time

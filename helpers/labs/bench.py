@@ -15,8 +15,9 @@ import numpy as np
 
 from helpers.checks import check_int
 from helpers.cost import alpha_beta as ab
-from helpers.cost.bench import (DEFAULT_OPS, DEFAULT_SIZES, KiB, MiB, Timing, check_ops,
-                                check_sizes, fit_sweep, snap_size)
+from helpers.cost import bench as cost
+from helpers.cost.bench import (DEFAULT_OPS, DEFAULT_SIZES, FlatVsHierarchical, KiB, MiB,
+                                Timing, check_ops, check_sizes, fit_sweep, snap_size)
 from helpers.parallel.bench import back_to_back, collective_call, time_on_group
 
 
@@ -204,3 +205,151 @@ def run_small_sweep(ranks, op: str, world_size: int,
     records = run_sweep(ranks, (op,), plan.sizes, (world_size,), iters=plan.iters,
                         warmup=1, rounds=plan.iters, progress=False)
     return SmallSweep(plan, records, fit_sweep(records) if len(records) >= 2 else None)
+
+
+# ----------------------------------------------------------------------------------------
+# Two network levels: ranks on emulated nodes (LiveRanks(..., nodes=2)).
+#
+# Inside a node: every node's ranks time a collective at once, on their loopback. Across
+# nodes: one rank per node (rank 0 of each node) times it over the link while the other ranks
+# wait. Both run on the same ranks, so the section needs no restart; on the flat network
+# (no namespaces here) the same runs split the ranks into two pretend nodes, both on loopback.
+# ----------------------------------------------------------------------------------------
+
+LEVEL_OPS = ("all_reduce", "all_gather", "reduce_scatter", "send_recv")
+# Across the link everything moves at about 60 MB/s: 1 MiB costs ~17 ms a call, so stop there.
+# Its shaper is a token bucket of 64 KiB: a message a rank sends within it, after a pause,
+# crosses at loopback speed, so sizes near it are on neither the α line nor the β line. The
+# link's sizes skip them: up to 16 KiB (α), then 512 KiB (256 KiB a rank for the ops that
+# split it over 2) and 1 MiB (β).
+LEVEL_SIZES = {cost.INSIDE: tuple(KiB * 4**k for k in range(7)),     # 1 KiB … 4 MiB
+               cost.ACROSS: (KiB, 4 * KiB, 16 * KiB, 512 * KiB, MiB)}
+FLAT_VS_HIERARCHICAL_BYTES = 2 * MiB
+
+
+def placement_of(ranks) -> tuple[int, ...]:
+    """The node of each rank: the emulated nodes' placement, or on the flat network the split
+    2 nodes would have (consecutive halves)."""
+    return ranks.placement or tuple(r // (ranks.world_size // 2) for r in range(ranks.world_size))
+
+
+def time_level(rank: int, world_size: int, placement: tuple[int, ...], level: str, ops,
+               sizes, iters: int = 10, warmup: int = 2, rounds: int = 1) -> list[Timing] | None:
+    """Rank function: time each of `ops` at `sizes` on one level: inside every node at once
+    (level cost.INSIDE), or across nodes between the first rank of each node (cost.ACROSS; the
+    others return None)."""
+    from helpers.parallel.hierarchical import node_groups
+    inside, across = node_groups(placement)
+    if level == cost.ACROSS and rank not in ab.cross_blocks(placement)[0]:
+        return None
+    group = inside if level == cost.INSIDE else across
+    # Each size is warmed up right before it is timed, not all sizes first: the link's shaper
+    # (a token bucket) lets the first 64 KiB after a pause through at full speed, and
+    # the warm-up calls spend that burst, so the timed calls see the link's rate.
+    return [t for op in ops for n in sizes
+            for t in time_on_group(op, n, iters, warmup, rounds, group)]
+
+
+def measure_levels(ranks, ops=LEVEL_OPS, sizes: dict | None = None, iters: int = 10,
+                   rounds: int = 1) -> dict[str, list[Timing]]:
+    """{level: its Timings}: each op swept inside a node and across nodes (see `time_level`)."""
+    check_ops(ops)
+    check_int("ranks per node (world_size / 2 nodes, at least 2)", ranks.world_size // 2, 2)
+    sizes = {**LEVEL_SIZES, **(sizes or {})}
+    placement = placement_of(ranks)
+    return {level: ranks.run(time_level, placement, level, ops, sizes[level], iters=iters,
+                             rounds=rounds)[0]
+            for level in (cost.INSIDE, cost.ACROSS)}
+
+
+def flat_and_hierarchical(rank: int, world_size: int, placement: tuple[int, ...], nbytes: int,
+                          iters: int = 10, warmup: int = 2) -> FlatVsHierarchical:
+    """Rank function: the same all-reduce by gloo's flat ring and by the hierarchical one,
+    first compared on the same integer inputs (sums of integers are exact: the results must
+    be equal), then timed alternately, a call of each per round."""
+    import torch
+    import torch.distributed as dist
+
+    from helpers.parallel.hierarchical import hierarchical_all_reduce, node_groups
+    inside, across = node_groups(placement)
+    numel = nbytes // cost.ELEMENT_BYTES
+    mine = torch.randint(-1000, 1000, (numel,), generator=torch.Generator().manual_seed(rank))
+    flat, hier = mine.float(), mine.float()
+    dist.all_reduce(flat)
+    hierarchical_all_reduce(hier, inside, across)
+    difference = torch.tensor([float((flat - hier).abs().max())])
+    dist.all_reduce(difference, op=dist.ReduceOp.MAX)
+    calls = {"flat": lambda: dist.all_reduce(flat),
+             "hierarchical": lambda: hierarchical_all_reduce(hier, inside, across)}
+    flat.zero_(), hier.zero_()         # timed on zeros: repeated sums of data would overflow
+    times = {name: [] for name in calls}
+    for i in range(warmup + iters):
+        for name, call in calls.items():
+            dist.barrier()
+            took = back_to_back(call, 1, False)
+            if i >= warmup:
+                times[name] += took
+    slowest = torch.tensor(times["flat"] + times["hierarchical"], dtype=torch.float64)
+    dist.all_reduce(slowest, op=dist.ReduceOp.MAX)   # a call ends when its slowest rank's does
+    slowest = slowest.tolist()
+    return FlatVsHierarchical(tuple(placement), nbytes, tuple(slowest[:iters]),
+                              tuple(slowest[iters:]), float(difference))
+
+
+def measure_flat_and_hierarchical(ranks, nbytes: int = FLAT_VS_HIERARCHICAL_BYTES,
+                                  iters: int = 10) -> FlatVsHierarchical:
+    check_int("iters", iters, 1)
+    check_sizes((nbytes,), ("all_gather",), ranks.world_size)
+    return ranks.run(flat_and_hierarchical, placement_of(ranks), nbytes, iters=iters)[0]
+
+
+def all_reduce_calls(rank: int, world_size: int, placement: tuple[int, ...], nbytes: int,
+                     calls: int, hierarchical: bool) -> None:
+    """Rank function: `calls` all-reduces of n bytes, flat or hierarchical, between the same
+    group set-up and barriers whatever `calls` is (so a run with 0 calls counts the rest)."""
+    import torch
+    import torch.distributed as dist
+
+    from helpers.parallel.hierarchical import hierarchical_all_reduce, node_groups
+    inside, across = node_groups(placement)
+    x = torch.zeros(nbytes // cost.ELEMENT_BYTES)
+    dist.barrier()
+    for _ in range(calls):
+        if hierarchical:
+            hierarchical_all_reduce(x, inside, across)
+        else:
+            dist.all_reduce(x)
+    dist.barrier()
+
+
+def wire_bytes_per_all_reduce(ranks, nbytes: int, hierarchical: bool, calls: int = 3) -> float | None:
+    """Bytes that crossed between nodes (all uplinks together, headers included, as the
+    kernel's shapers counted them) per all-reduce of n bytes; None on the flat network.
+
+    The same run with no all-reduce is counted too and taken off: what making the groups and
+    the barriers sent is not the all-reduce's."""
+    check_int("calls", calls, 1)
+    if ranks.nodes is None:
+        return None
+    placement = placement_of(ranks)
+    ranks.run(all_reduce_calls, placement, nbytes, 0, hierarchical)  # the ranks are up
+    counted = []
+    for n_calls in (0, calls):
+        before = ranks.wire_bytes()
+        ranks.run(all_reduce_calls, placement, nbytes, n_calls, hierarchical)
+        counted.append(ranks.wire_bytes() - before)
+    return (counted[1] - counted[0]) / calls
+
+
+# -- what benchmarks/cluster.py reports --------------------------------------------------------
+
+def level_fit_records(ranks, op: str = "all_reduce") -> list[dict]:
+    """For live ranks on 2 nodes: `op`'s fit on each level as
+    {"level", "alpha_s", "beta_s_per_byte", "median_rel_error"} ("loopback", then "link")."""
+    return [f.as_record() for f in cost.level_fits(measure_levels(ranks, (op,)), op)]
+
+
+def hierarchical_vs_flat_all_reduce(ranks, nbytes: int = FLAT_VS_HIERARCHICAL_BYTES) -> float:
+    """For live ranks on 2 nodes: measured hierarchical all-reduce time / flat ring time, at
+    `nbytes` per rank (each the 10th percentile of 10 alternating calls)."""
+    return measure_flat_and_hierarchical(ranks, nbytes).ratio
