@@ -5,11 +5,17 @@
              --nproc-per-node=8 -m helpers.run collectives all_reduce 16
     scripts/torchrun_local.sh --nproc-per-node=4 -m helpers.run train3d \\
         --data 2 --tensor 2 --pipeline 1 --micro-batches 1
+    python -m helpers.run --nodes 2 --nproc-per-node 2 --link-mbit 500 train3d \\
+        --data 2 --pipeline 2
 
 torchrun sets RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT; the process group comes up
 from those (env://). A demo's results are gathered on rank 0 and printed once, in rank order.
 train3d is notebook 07's `train_3d`: every rank trains, and rank 0 prints the loss (the last
-stage's, one line per step) and the slowest rank's step time.
+stage's, one line per step) and the slowest rank's step time. Every command also prints where
+the ranks ran: which network namespace each is in, and the address its transports use.
+
+With `--nodes n` (and no torchrun around it) the command starts torchrun itself, once per
+emulated node of this machine: helpers.launch.nodes, which needs Linux, root and iproute2.
 
 (train3d's options have long names only: torchrun reads every option on its command line,
 its script's too, and takes `--t` for its own `--tee`; `--d`, `--p` and `--m` are ambiguous
@@ -19,28 +25,49 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import inspect
 import os
+import sys
 
-import torch
-import torch.distributed as dist
-
+from helpers.checks import check_int, check_number
+from helpers.launch import cluster as emulated
 from helpers.launch.host import pin_transports
 
+# torch is imported where a rank needs it, not here: `--nodes` runs this module in a launcher
+# that only checks its arguments and starts torchrun, and should answer a bad one at once.
+
+PROG = "python -m helpers.run"
 # Each demo: the rank function's name in helpers.labs.collectives, and what it shows.
 DEMOS = {
     "allreduce": ("lecture_example", "the lecture's [0,1,2,3] + rank example"),
     "collectives": ("run_collective", "one collective: OP [LENGTH]"),
     "probe": ("probe_backend", "what this backend supports"),
 }
+# What each demo takes from the command line: (fewest, most) arguments, and in words.
+_DEMO_ARGS = {"allreduce": (0, 0, "no arguments"), "collectives": (1, 2, "OP [LENGTH]"),
+              "probe": (0, 0, "no arguments")}
 _TRAIN3D_OPTIONS = (("--data", "d", "d, the data degree"),
                     ("--tensor", "t", "t, the tensor degree"),
                     ("--pipeline", "p", "p, the pipeline stages"),
                     ("--micro-batches", "m", "m, micro-batches per step"),
                     ("--steps", "steps", "training steps"))
+# Where torchrun says how many ranks there are (a launcher's check needs it before any start).
+_TORCHRUN_VARIABLES = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+# The link speeds helpers.launch.cluster shapes, in the option's unit.
+LINK_MBIT = (emulated.MIN_LINK_BPS / 1e6, emulated.MAX_LINK_BPS / 1e6)
+
+
+class UsageError(ValueError):
+    """A command line this module cannot run: one line on stderr, exit status 2."""
 
 
 def single_machine() -> bool:
-    """True when every rank of the job runs on this machine (torchrun's own variables)."""
+    """True when every rank of the job runs on this machine (torchrun's own variables).
+
+    Emulated nodes (`--nodes`, helpers.launch.nodes) count as several machines, as they
+    should: each node's agent has its own ranks (LOCAL_WORLD_SIZE) of the whole WORLD_SIZE,
+    so the transports stay on the uplink the launcher names instead of loopback, which
+    would not reach the other nodes."""
     return os.environ.get("LOCAL_WORLD_SIZE") == os.environ.get("WORLD_SIZE")
 
 
@@ -61,10 +88,12 @@ def _parse_arg(text: str):
 
 def init_from_env() -> tuple[int, int]:
     """Join the process group torchrun describes; NCCL when each local rank has a GPU."""
-    for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+    for name in _TORCHRUN_VARIABLES:
         if name not in os.environ:
             raise SystemExit(f"{name} is not set: start this module with torchrun, e.g. "
                              "torchrun --nproc-per-node=2 -m helpers.run allreduce")
+    import torch
+    import torch.distributed as dist
     pin_transports_to_loopback_if_single_machine()
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     use_nccl = torch.cuda.is_available() and local_rank < torch.cuda.device_count()
@@ -78,6 +107,7 @@ def init_from_env() -> tuple[int, int]:
 def _torchrun_group():
     """(rank, world_size) of the process group torchrun describes, left however the block
     ends: every command's skeleton."""
+    import torch.distributed as dist
     rank, world_size = init_from_env()
     try:
         yield rank, world_size
@@ -87,34 +117,76 @@ def _torchrun_group():
 
 def _gather_on_rank_0(value, rank: int, world_size: int) -> list | None:
     """Every rank's `value`, in rank order, on rank 0 (None elsewhere)."""
+    import torch.distributed as dist
     gathered = [None] * world_size if rank == 0 else None
     dist.gather_object(value, gathered, dst=0)
     return gathered
 
 
+def _where_ranks_ran(rank: int, world_size: int) -> str | None:
+    """On rank 0, one line: which ranks share a network namespace (a node: one machine, or
+    one emulated node) and the address their transports use; None on the other ranks."""
+    gathered = _gather_on_rank_0(emulated.whereabouts(rank, world_size), rank, world_size)
+    if gathered is None:
+        return None
+    nodes: dict[tuple[int, str], list[int]] = {}
+    for where in gathered:
+        nodes.setdefault((where.netns_inode, where.address), []).append(where.rank)
+    return "  network: " + " · ".join(
+        f"rank{'s' * (len(ranks) > 1)} {' '.join(map(str, ranks))} in namespace {inode} at {address}"
+        for (inode, address), ranks in nodes.items())
+
+
 def _demo_function(demo: str):
-    # Imported when a demo runs, not with this module (benchmarks import it for its helpers).
+    # Imported when a demo is checked or runs (it imports torch), not with this module.
     from helpers.labs import collectives
     return getattr(collectives, DEMOS[demo][0])
 
 
-def _run_demo(demo: str, args: list[str]) -> None:
+def check_demo(demo: str, args: list, world_size: int) -> None:
+    """The demo's arguments, checked before its rank function runs (a launcher checks them
+    before it starts anything)."""
+    fewest, most, words = _DEMO_ARGS[demo]
+    if not fewest <= len(args) <= most:
+        raise ValueError(f"{demo}'s arguments must be {words}, got "
+                         f"{' '.join(map(str, args)) or 'none'}")
+    if demo == "collectives":
+        from helpers.labs.collectives import check_op, run_collective  # torch: this demo only
+        length = inspect.signature(run_collective).parameters["length"].default
+        check_op(args[0], world_size, *(args[1:] or [length]))
+
+
+def _run_demo(demo: str, args: list) -> None:
+    import torch.distributed as dist
     fn = _demo_function(demo)
     with _torchrun_group() as (rank, world_size):
-        result = fn(rank, world_size, *map(_parse_arg, args))
+        check_demo(demo, args, world_size)
+        where = _where_ranks_ran(rank, world_size)
+        result = fn(rank, world_size, *args)
         gathered = _gather_on_rank_0(result, rank, world_size)
         if rank == 0:
             print(f"{demo} on {world_size} ranks ({dist.get_backend()}):")
             for r, value in enumerate(gathered):
                 print(f"  rank {r}: {value}")
+            print(where)
         dist.barrier()
 
 
+def check_train3d(d: int, t: int, p: int, m: int, steps: int):
+    """The layout, checked before any rendezvous (torch-free: a launcher runs it too)."""
+    from helpers.configs import TRANSFORMER
+    from helpers.layout import Layout
+    check_int("--steps", steps)
+    return Layout(d, t, p, m).check(TRANSFORMER)
+
+
 def _train3d(d: int, t: int, p: int, m: int, steps: int) -> None:
+    import torch.distributed as dist
     from helpers.configs import TRANSFORMER
     from helpers.labs.parallel3d import check_3d, train_3d
     check_3d(d, t, p, m, TRANSFORMER)  # a bad layout is refused before any rendezvous
     with _torchrun_group() as (rank, world_size):
+        where = _where_ranks_ran(rank, world_size)
         result = train_3d(rank, world_size, d, t, p, m, TRANSFORMER, steps=steps, timeline=True)
         summary = (result.losses, max(span.end for span in result.timeline))
         gathered = _gather_on_rank_0(summary, rank, world_size)
@@ -125,12 +197,29 @@ def _train3d(d: int, t: int, p: int, m: int, steps: int) -> None:
             for step, loss in enumerate(losses):
                 print(f"  step {step}: loss {loss!r}")
             print(f"  last step: {max(s for _, s in gathered):.3f} s (slowest rank)")
+            print(where)
         # gather_object was the last collective: every rank is past it, no barrier needed
 
 
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # argparse would print the whole usage first, then exit
+        raise UsageError(message)
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m helpers.run", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = _Parser(prog=PROG, description=__doc__,
+                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    nodes = parser.add_argument_group(
+        "emulated nodes (without torchrun: start it on each node of this machine)")
+    nodes.add_argument("--nodes", type=int, metavar="N",
+                       help="N network namespaces joined by a shaped link, one torchrun agent "
+                            f"each (2 … {emulated.MAX_NODES}; Linux, root, iproute2)")
+    nodes.add_argument("--nproc-per-node", type=int, metavar="K",
+                       help=f"ranks per node (1 … {emulated.MAX_RANKS_PER_NODE}; default 1)")
+    nodes.add_argument("--link-mbit", type=float, metavar="MBIT",
+                       help=f"the link's speed in Mbit/s ({LINK_MBIT[0]:g} … {LINK_MBIT[1]:g}; "
+                            "default: this machine's loopback all-reduce bandwidth / "
+                            f"{emulated.DEFAULT_LINK_RATIO}, measured)")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND",
                                      title="commands (COMMAND --help lists its arguments)")
     for name, (_, help_) in sorted(DEMOS.items()):
@@ -145,10 +234,66 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _check_nodes_options(options) -> int:
+    """The ranks per node; UsageError or ValueError naming the option."""
+    asked = {flag: value for flag, value in (("--nproc-per-node", options.nproc_per_node),
+                                            ("--link-mbit", options.link_mbit)) if value is not None}
+    if options.nodes is None:
+        raise UsageError(f"{next(iter(asked))} needs --nodes N (emulated nodes, 2 … {emulated.MAX_NODES})")
+    if any(name in os.environ for name in ("RANK", "LOCAL_RANK", "TORCHELASTIC_RUN_ID")):
+        raise UsageError("--nodes starts torchrun itself: leave it out of a command torchrun runs")
+    check_int("--nodes", options.nodes, 2, emulated.MAX_NODES)
+    k = check_int("--nproc-per-node", 1 if options.nproc_per_node is None
+                  else options.nproc_per_node, 1, emulated.MAX_RANKS_PER_NODE)
+    if options.link_mbit is not None:
+        check_number("--link-mbit", options.link_mbit, *LINK_MBIT, unit="Mbit/s")
+    return k
+
+
+def _check_command(options, world_size: int) -> None:
+    if options.command == "train3d":
+        layout = check_train3d(options.d, options.t, options.p, options.m, options.steps)
+        if layout.world != world_size:
+            raise ValueError(f"--data · --tensor · --pipeline must be --nodes · --nproc-per-node "
+                             f"= {world_size} ranks, got {layout.d}·{layout.t}·{layout.p} = "
+                             f"{layout.world}")
+    else:
+        check_demo(options.command, [_parse_arg(a) for a in options.args], world_size)
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
     options = _parser().parse_args(argv)
+    if any(value is not None for value in (options.nodes, options.nproc_per_node,
+                                           options.link_mbit)):
+        return _start_on_nodes(options, argv)
     if options.command == "train3d":
         _train3d(options.d, options.t, options.p, options.m, options.steps)
     else:
-        _run_demo(options.command, options.args)
+        _run_demo(options.command, [_parse_arg(a) for a in options.args])
     return 0
+
+
+def _start_on_nodes(options, argv: list[str]) -> int:
+    """Not under torchrun: check everything, then start torchrun on each emulated node."""
+    try:
+        nproc_per_node = _check_nodes_options(options)
+        _check_command(options, options.nodes * nproc_per_node)
+    except (TypeError, ValueError) as error:  # the checks' one line, before anything starts
+        raise UsageError(str(error)) from None
+    from helpers.launch.nodes import run_on_nodes
+    link_bps = None if options.link_mbit is None else options.link_mbit * 1e6
+    # COMMAND is the first word that is not an option's or its value: the rest is what each
+    # rank runs under torchrun.
+    return run_on_nodes(options.nodes, nproc_per_node, link_bps,
+                        argv[argv.index(options.command):])
+
+
+def cli(argv: list[str] | None = None) -> int:
+    """`python -m helpers.run`: main, with a bad command line (or, with --nodes, a bad
+    argument or a machine that cannot make namespaces) said in one line, exit status 2."""
+    try:
+        return main(argv)
+    except UsageError as error:
+        print(f"{PROG}: error: {error}", file=sys.stderr)
+        return 2
