@@ -84,7 +84,7 @@ def test_event_log_check_catches_causality_violation():
         verify_event_log(events, 2, 2)
     assert "started before" in log_violation(events, 2, 2)
     assert log_violation(simulate("gpipe", 2, 2), 2, 2) == ""
-    assert log_violation(simulate("gpipe", 2, 2)[1:], 2, 2) == "expected 8 events, got 7"
+    assert log_violation(simulate("gpipe", 2, 2)[1:], 2, 2) == "expected 8 forwards and backwards, got 7"
 
 
 def test_stage_ranges_cover_the_model():

@@ -25,12 +25,15 @@ import torch.distributed as dist
 from helpers import ranks as live_ranks
 from helpers.checks import check_choice, check_divisible, check_int, check_number
 from helpers.configs import LECTURE, MLPConfig
-from helpers.cost.bubble import bubble_theory, measured_bubble
-from helpers.cost.schedules import (Event, Step, check_schedule_args, dependency, make_plan,
-                                    peak_live, simulate, stage_of)
+from helpers.cost.bubble import (bubble_theory, closed_form_idle, idle_fraction, mean_durations,
+                                 measured_bubble, steady_bubble)
+from helpers.cost.schedules import (ZERO_BUBBLE_SCHEDULES, Action, Event, Step, check_schedule_args,
+                                    dependency, durations, make_plan, peak_live, placement,
+                                    simulate, split_backwards, stage_of)
 from helpers.models import make_batch, make_mlp, mlp_layers, mlp_loss
 from helpers.parallel.groups import global_rank, group_rank, group_size, rank_device
-from helpers.parallel.pp import Mailbox, stage_range
+from helpers.parallel.pp import (Mailbox, backward_input, backward_weight, record_forward,
+                                 stage_range)
 
 MODES = ("compute", "wait")
 
@@ -142,7 +145,8 @@ class StageLog:
 
 
 def pipeline_rank(rank, world_size, schedule: str, m: int, v: int, mode: str, t_f: float,
-                  t_b: float, config: MLPConfig = LECTURE, group=None) -> StageLog:
+                  t_b: float, config: MLPConfig = LECTURE, group=None,
+                  t_w: float | None = None) -> StageLog:
     """One rank of a pipeline schedule: stage group_rank(group) of p = group_size(group).
     Returns its event log, its peak number of live micro-batches, its layers' gradients and
     (last stage) the loss.
@@ -150,18 +154,23 @@ def pipeline_rank(rank, world_size, schedule: str, m: int, v: int, mode: str, t_
     Before running action i the rank already posts the receive for action i + 1, and it
     sends its outputs with isend without waiting, so activations and gradients travel while
     the next F or B computes. A rank only ever blocks on the input it needs now, which is
-    what the schedule's dependencies allow.
+    what the schedule's dependencies allow. Where the plan has a W for a (chunk, mb), its B
+    computes the input's gradient only (`backward_input`) and the W the weights'
+    (`backward_weight`); in wait mode such a B waits t_b − t_w and the W t_w (t_w = t_b/2).
     """
     me, p = group_rank(group), group_size(group)
     plan = make_plan(schedule, p, m, me, v)
+    layout = placement(schedule)
+    split = split_backwards(plan)
+    seconds = durations(plan, t_f, t_b, t_b / 2 if t_w is None else t_w, v)
     last = p * v - 1
     shape = (config.batch // m, config.hidden)
-    mail = Mailbox(m, v, shape, group)
+    mail = Mailbox(m, v, shape, group, layout)
     compute = mode == "compute"
     if compute:
         model = make_mlp(config)
-        # chunk c of this rank is stage c·p + me of p·v
-        mine = {c: stage_range(c * p + me, p * v, config) for c in range(v)}
+        mine = {c: stage_range(stage_of(Action("F", c, 0), me, p, layout), p * v, config)
+                for c in range(v)}
         chunks = {c: mlp_layers(model, r.start, r.stop) for c, r in mine.items()}
         xs = make_batch(config).chunk(m)
         numel = config.batch * config.hidden  # per micro-batch Σy²/numel: they add up to the loss
@@ -171,39 +180,54 @@ def pipeline_rank(rank, world_size, schedule: str, m: int, v: int, mode: str, t_
     else:
         placeholder = torch.zeros(shape)  # wait mode still sends messages of the real size
 
-    saved: dict[tuple, tuple] = {}  # (chunk, mb) -> what its backward will need
+    saved: dict[tuple, object] = {}  # (chunk, mb) -> what its B and W still need
     events, losses, peak = [], [], 0
     dist.barrier(group=group)  # everyone starts the clock together
     for i, a in enumerate(plan):
         if i + 1 < len(plan):
             mail.post(plan[i + 1])  # the next input travels while this action runs
         received = mail.take(a)
-        s = stage_of(a, me, p)
+        s = stage_of(a, me, p, layout)
+        key = (a.chunk, a.mb)
         start = time.perf_counter()
         if a.kind == "F":
             if compute:
-                inp = xs[a.mb] if s == 0 else received.requires_grad_()
-                out = chunks[a.chunk](inp)
+                inp = None if s == 0 else received.requires_grad_()
+                tape = record_forward(chunks[a.chunk], inp, xs[a.mb] if s == 0 else inp)
                 if s == last:
-                    out = mlp_loss(out, numel=numel)
-                    losses.append(out.item())
+                    tape = tape._replace(out=mlp_loss(tape.out, numel=numel))
+                    losses.append(tape.out.item())
+                out = tape.out
             else:
-                _wait(t_f / v)
-                inp, out = None, placeholder
-            saved[(a.chunk, a.mb)] = (inp, out)
+                _wait(seconds[i])
+                tape, out = None, placeholder
+            saved[key] = tape
             peak = max(peak, len(saved))
             end = time.perf_counter()
             if s < last:
                 mail.send(out.detach(), s + 1, "F", a.mb)
-        else:
-            inp, out = saved.pop((a.chunk, a.mb))
-            if compute:
-                out.backward(None if s == last else received)  # weight grads accumulate
+        elif a.kind == "B":
+            grad_in = placeholder if not compute else None
+            if compute and key in split:  # B now, W later: the weights' work stays in `saved`
+                grad_in, saved[key] = backward_input(saved[key], None if s == last else received)
+            elif compute:
+                tape = saved.pop(key)
+                tape.out.backward(None if s == last else received)  # weight grads accumulate
+                grad_in = tape.inp.grad if tape.inp is not None else None
             else:
-                _wait(t_b / v)
+                _wait(seconds[i])
+                if key not in split:
+                    saved.pop(key)
             end = time.perf_counter()
             if s > 0:
-                mail.send(inp.grad if compute else placeholder, s - 1, "B", a.mb)
+                mail.send(grad_in, s - 1, "B", a.mb)
+        else:  # W: the weights' gradients of a B that ran earlier; nobody waits for them
+            work = saved.pop(key)
+            if compute:
+                backward_weight(work)
+            else:
+                _wait(seconds[i])
+            end = time.perf_counter()
         events.append(Event(me, a.kind, a.chunk, a.mb, start, end))
     mail.flush()
     dist.barrier(group=group)
@@ -235,23 +259,54 @@ class PipelineRun:
         t0 = min((e.start for e in events), default=0.0)
         return cls(schedule, len(logs), m, v, mode, [e.shifted(t0) for e in events],
                    [log.peak_live for log in logs],
-                   {layer: g for log in logs for layer, g in log.grads.items()}, logs[-1].loss)
+                   {layer: g for log in logs for layer, g in log.grads.items()},
+                   # the rank holding the last stage: rank p − 1, or rank 0 in DualPipeV's V
+                   next((log.loss for log in logs if log.loss is not None), None))
+
+    @property
+    def layout(self) -> str:
+        return placement(self.schedule.removeprefix("torch "))
 
     @property
     def bubble_measured(self) -> float:
+        """The idle fraction of this one step (`measured_bubble`); for ZB-H2, whose paper's
+        zero holds for steps that follow each other without waiting for every rank, the
+        fraction inside each rank's own window (`steady_bubble`)."""
+        if self.schedule == "zb-h2":
+            return steady_bubble(self.events, self.p)
+        return measured_bubble(self.events, self.p)
+
+    @property
+    def bubble_one_step(self) -> float:
+        """The idle fraction inside the step's whole span, whatever the schedule."""
         return measured_bubble(self.events, self.p)
 
     @property
     def bubble_theory(self) -> float:
-        return bubble_theory(self.p, self.m, self.v)
+        """The schedule's formula. With B and W apart, its paper's closed form
+        (`closed_form_idle`) evaluated with the F, B and W durations this run measured, as a
+        fraction of this run's mean busy time per rank."""
+        if self.schedule not in ZERO_BUBBLE_SCHEDULES:
+            return bubble_theory(self.p, self.m, self.v)
+        work = sum(e.duration for e in self.events) / self.p
+        return idle_fraction(closed_form_idle(self.schedule, self.p, self.durations), work)
+
+    @property
+    def durations(self):
+        """The mean F, B (split), W and whole-B seconds of one chunk in this run."""
+        return mean_durations(self.events)
 
     @property
     def makespan(self) -> float:
         return max(e.end for e in self.events) - min(e.start for e in self.events)
 
     def summary(self) -> str:
-        v = f", v={self.v}" if self.v > 1 else ""
+        v = f", v={self.v}" if self.v > 1 and self.schedule != "dualpipev" else ""
         formula = "(p−1)/(v·m+p−1)" if self.v > 1 else "(p−1)/(m+p−1)"
+        if self.schedule in ZERO_BUBBLE_SCHEDULES:
+            formula = "closed form"
+        if self.schedule == "zb-h2":
+            formula += " (steady)"
         how = "simulated" if self.mode == "simulated" else f"{self.mode} mode"
         word = "simulated" if self.mode == "simulated" else "measured"
         return (f"{self.schedule} p={self.p} m={self.m}{v} ({how}): bubble {word} "
@@ -261,12 +316,13 @@ class PipelineRun:
 def run_pipeline(ranks, schedule: str = "1f1b", p: int = 2, m: int = 4, *,
                  v: int | None = None, mode: str | None = None, t_f: float = T_F,
                  t_b: float | None = None, config: MLPConfig = LECTURE,
-                 ) -> PipelineRun:
+                 t_w: float | None = None) -> PipelineRun:
     """Run one training step of `schedule` on p of the live `ranks` (a `LiveRanks` on the gloo
     backend, resized to p) and collect what they recorded.
 
     mode: "compute" (real matmuls, the default while p <= cores) or "wait" (each F waits
-    t_f seconds and each B t_b = 2·t_f, using no CPU: the default when p > cores).
+    t_f seconds and each B t_b = 2·t_f, using no CPU: the default when p > cores; a split
+    backward's W waits t_w = t_b/2 of that and its B the rest).
     All arguments are checked here, before any rank runs.
     """
     v = check_schedule_args(p, m, schedule, v)
@@ -277,17 +333,20 @@ def run_pipeline(ranks, schedule: str = "1f1b", p: int = 2, m: int = 4, *,
     t_b = 2 * t_f if t_b is None else t_b
     check_number("t_f", t_f, 0, low_inclusive=False, unit="seconds")
     check_number("t_b", t_b, 0, low_inclusive=False, unit="seconds")
+    t_w = t_b / 2 if t_w is None else t_w
+    check_number("t_w", t_w, 0, t_b, low_inclusive=False, unit="seconds")  # W is part of B
     live_ranks.check_world_size(p)
     logs = check_ranks(ranks, "gloo").resize(p).run(pipeline_rank, schedule, m, v, mode, t_f,
-                                                     t_b, config)
+                                                     t_b, config, t_w=t_w)
     return PipelineRun.from_logs(schedule, m, v, mode, logs)
 
 
 def simulated_run(schedule: str = "1f1b", p: int = 2, m: int = 4, v: int | None = None,
-                  t_f: float = T_F, t_b: float | None = None) -> PipelineRun:
+                  t_f: float = T_F, t_b: float | None = None,
+                  t_w: float | None = None) -> PipelineRun:
     """The same record as `run_pipeline(mode="wait")`, computed instead of measured."""
     v = check_schedule_args(p, m, schedule, v)
-    events = simulate(schedule, p, m, t_f, 2 * t_f if t_b is None else t_b, v)
+    events = simulate(schedule, p, m, t_f, 2 * t_f if t_b is None else t_b, v, t_w=t_w)
     return PipelineRun(schedule, p, m, v, "simulated", events,
                        [peak_live(make_plan(schedule, p, m, r, v)) for r in range(p)])
 
@@ -303,7 +362,7 @@ def replayed(run: PipelineRun) -> PipelineRun:
         for r, queue in order.items():
             while queue:
                 e = queue[0]
-                dep = dependency(e.action, r, run.p, run.v)
+                dep = dependency(e.action, r, run.p, run.v, run.layout)
                 if dep is not None and dep not in done:
                     break
                 start = max(free[r], done[dep] if dep is not None else 0.0)
