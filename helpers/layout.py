@@ -128,3 +128,145 @@ def factorizations(world_size: int) -> list[Layout]:
     return [Layout(d, t, world_size // (d * t))
             for d in range(1, world_size + 1) if world_size % d == 0
             for t in range(1, world_size // d + 1) if world_size // d % t == 0]
+
+
+# ----------------------------------------------------------------------------------------
+# Placement: the node of each rank, on a cluster of equal nodes.
+# ----------------------------------------------------------------------------------------
+
+class Split(NamedTuple):
+    """How one group lies on the nodes: `per_node` members on each of `nodes` nodes.
+
+    On a network of two levels (inside a node; the link between nodes) this is the cost
+    simulator's placement of one degree, `place[type] = (degree on level 0, degree on level 1)`
+    (`helpers.simulator.reference.placements`, docs/cost_model.md §4, §6): per_node · nodes is
+    the group's size, and the group crosses the link when nodes > 1."""
+    per_node: int
+    nodes: int
+
+    @property
+    def ranks(self) -> int:
+        return self.per_node * self.nodes
+
+    @property
+    def crosses(self) -> bool:
+        return self.nodes > 1
+
+    def __str__(self) -> str:
+        return f"across {self.nodes} nodes" if self.crosses else "inside a node"
+
+
+def check_placement(layout: Layout, placement) -> tuple[int, ...]:
+    """`placement[r]` is rank r's node: one entry per rank, every node 0 … n−1 holding as
+    many ranks."""
+    placement = tuple(placement)
+    nodes = max(placement, default=-1) + 1
+    ok = (len(placement) == layout.world
+          and all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in placement)
+          and len({placement.count(n) for n in range(nodes)}) == 1)
+    if not ok:
+        raise ValueError(f"placement must give each of the {layout.world} ranks of {layout} a "
+                         f"node 0 … n−1, as many ranks on every node, got {placement!r}")
+    return placement
+
+
+def splits(layout: Layout, placement) -> Groups:
+    """How each kind of group (dp, tp, pp) lies on the nodes of `placement`: one `Split` per
+    kind. Every group of a kind must lie the same way (as many members on each node it
+    touches, as many nodes): what a placement built by `placement_of` always does."""
+    placement = check_placement(layout, placement)
+    out = []
+    for kind, blocks in zip(Groups._fields, layout.groups()):
+        found = set()
+        for block in blocks:
+            counts = [sum(placement[r] == n for r in block)
+                      for n in sorted({placement[r] for r in block})]
+            if len(set(counts)) != 1:
+                raise ValueError(f"the {kind} group {block} has unequal shares on its nodes "
+                                 f"{[placement[r] for r in block]}")
+            found.add(Split(counts[0], len(counts)))
+        if len(found) != 1:
+            raise ValueError(f"the {kind} groups lie on the nodes in different ways: "
+                             f"{sorted(found)}")
+        out.append(found.pop())
+    return Groups(*out)
+
+
+def crossing_hops(layout: Layout, placement) -> tuple[bool, ...]:
+    """For each of the p−1 stage boundaries (stage j → j+1), whether a pipeline hop over it
+    crosses nodes in any PP group (the stage then waits for that hop)."""
+    placement = check_placement(layout, placement)
+    return tuple(any(placement[g[j]] != placement[g[j + 1]] for g in layout.groups().pp)
+                 for j in range(layout.p - 1))
+
+
+def placement_of(layout: Layout, per_node: Groups) -> tuple[int, ...]:
+    """The node of each rank when each node holds a box of per_node.dp × per_node.tp ×
+    per_node.pp of the mesh: the simulator's inner-level degrees turned into ranks. Nodes are
+    numbered in the mesh's own order (pp slowest, tp fastest), so that filling tp first, then
+    dp, then pp gives consecutive ranks on each node, as a launcher places them."""
+    for kind, degree in zip(Groups._fields, (layout.d, layout.t, layout.p)):
+        inner = getattr(per_node, kind)
+        check_int(f"per_node.{kind}", inner)
+        if degree % inner:
+            raise ValueError(f"per_node.{kind} must divide the {kind} degree {degree}, got {inner}")
+    outer_dp, outer_tp = layout.d // per_node.dp, layout.t // per_node.tp
+    nodes = []
+    for rank in range(layout.world):
+        c = layout.coords(rank)
+        nodes.append((c.pp // per_node.pp * outer_dp + c.dp // per_node.dp) * outer_tp
+                     + c.tp // per_node.tp)
+    return tuple(nodes)
+
+
+def placements(layout: Layout, nodes: int) -> list[tuple[int, ...]]:
+    """Every placement of `layout` on `nodes` equal nodes that differs in which groups cross
+    the link, one per way (`placement_of` each split of the node's ranks into dp × tp × pp
+    degrees), TP filled inside a node first: the first one is the launcher's (consecutive
+    ranks on a node)."""
+    check_int("nodes", nodes)
+    if layout.world % nodes:
+        raise ValueError(f"nodes must divide the {layout.world} ranks of {layout}, got {nodes}")
+    k = layout.world // nodes
+    out, seen = [], set()
+    for tp in _divisors(k):
+        for dp in _divisors(k // tp):
+            pp = k // (tp * dp)
+            inner = Groups(dp=dp, tp=tp, pp=pp)
+            if layout.d % dp or layout.t % tp or layout.p % pp:
+                continue
+            placed = placement_of(layout, inner)
+            key = (splits(layout, placed), crossing_hops(layout, placed))
+            if key not in seen:
+                seen.add(key)
+                out.append((-tp, -dp, placed))
+    return [placed for *_, placed in sorted(out)]
+
+
+def placement_name(layout: Layout, placement) -> str:
+    """'tp inside · dp across': where each kind of group of degree > 1 lies."""
+    parts = [f"{kind} {'across' if split.crosses else 'inside'}"
+             for kind, split in zip(Groups._fields, splits(layout, placement)) if split.ranks > 1]
+    order = {"tp": 0, "dp": 1, "pp": 2}
+    return " · ".join(sorted(parts, key=lambda part: order[part.split()[0]])) or "one rank"
+
+
+def blocks_on(placement, split: Split) -> list[list[int]]:
+    """Groups of split.ranks ranks side by side covering every rank of `placement`, each
+    split.per_node ranks from each of split.nodes neighbouring nodes (ranks in order): the
+    groups a calibration times a split on."""
+    placement = tuple(placement)
+    on = [[r for r, n in enumerate(placement) if n == node] for node in sorted(set(placement))]
+    if len(on) % split.nodes or len(on[0]) % split.per_node:
+        raise ValueError(f"{len(on)} nodes of {len(on[0])} ranks cannot hold groups of "
+                         f"{split.per_node} ranks on each of {split.nodes} nodes")
+    out = []
+    for first in range(0, len(on), split.nodes):
+        for j in range(0, len(on[0]), split.per_node):
+            out.append(sorted(r for node in on[first:first + split.nodes]
+                              for r in node[j:j + split.per_node]))
+    return sorted(out)
+
+
+def _divisors(n: int) -> list[int]:
+    return [k for k in range(1, n + 1) if n % k == 0]

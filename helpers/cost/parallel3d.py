@@ -15,6 +15,12 @@ fitted to the step times it predicts:
 * DP communication: the wait for the slowest replica, then one α–β all-reduce of the
   stage's gradients; then the optimizer step, timed on the stage's parameters.
 
+On a cluster of nodes (`placement`: the node of each rank) every communication term is priced
+at the level its group crosses (`helpers.layout.splits`, `crossing_hops`): inside a node with
+the fits by group size, across the link with the fits by `Split`, each calibrated on groups
+that lie the same way. Nothing else changes: the compute, the bubble and the optimizer are
+the same on one node or two.
+
 Notation: p pipeline stages, m micro-batches, t tensor degree, d data degree, b micro-batch
 (sequences), s sequence length, h hidden width. Model sizes come as any object with the
 attributes of `helpers.models.TransformerConfig` (vocab, hidden, heads, layers, seq,
@@ -23,13 +29,13 @@ batch): this module reads numbers only and imports no torch.
 from __future__ import annotations
 
 import statistics
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Iterable, Mapping
 
 from helpers.cost.alpha_beta import Fit, relative_error
 from helpers.cost.bubble import bubble_theory
 from helpers.cost.schedules import simulate
-from helpers.layout import Layout
+from helpers.layout import Groups, Layout, Split, crossing_hops, placement_name, splits
 
 BYTES_PER_FLOAT = 4  # float32 activations, gradients and weights
 
@@ -159,7 +165,11 @@ class Calibration:
       p2p hop;
     * `optimizer_s`: the optimizer step of one rank of (t, p, stage);
     * `lateness`: by group size d, how late the slowest of d replicas finishes the same
-      compute, as a fraction of it (what a DP all-reduce waits for before it can start)."""
+      compute, as a fraction of it (what a DP all-reduce waits for before it can start).
+
+    The fits above are for groups inside one node (all of them on a flat network). On a
+    cluster, `tp_across`, `all_reduce_across` (by `Split`) and `send_recv_across` are the same
+    terms timed on groups that cross the link between nodes."""
     world: int
     compute_s: Mapping[Shape, float]
     cores: float
@@ -168,6 +178,9 @@ class Calibration:
     send_recv: Fit
     optimizer_s: Mapping[tuple, float]
     lateness: Mapping[int, float]
+    tp_across: Mapping[Split, Fit] = field(default_factory=dict)
+    all_reduce_across: Mapping[Split, Fit] = field(default_factory=dict)
+    send_recv_across: Fit | None = None
 
     def flops_per_s(self, shape: Shape, config) -> float:
         """The rate one rank reached at `shape` while every rank computed."""
@@ -189,13 +202,66 @@ class Calibration:
             raise ValueError(f"no {what} fit for groups of {ranks}: have {sorted(fits)}")
         return fits[ranks].predict(ranks, nbytes)
 
-    def tp_s(self, ranks: int, nbytes: float) -> float:
-        """One TP all-reduce inside a block."""
+    def _across(self, fits: Mapping[Split, Fit], split: Split, nbytes: float, what: str) -> float:
+        if split not in fits:
+            raise ValueError(f"no {what} fit for groups {split} ({split.per_node} ranks on each): "
+                             f"have {sorted(fits)}")
+        return fits[split].predict(split.ranks, nbytes)
+
+    def tp_s(self, ranks: int, nbytes: float, split: Split | None = None) -> float:
+        """One TP all-reduce inside a block, on a group inside a node (or lying as `split`)."""
+        if split is not None and split.crosses:
+            return self._across(self.tp_across, split, nbytes, "TP all_reduce")
         return self._fit(self.tp_all_reduce, ranks, nbytes, "TP all_reduce")
 
-    def all_reduce_s(self, ranks: int, nbytes: float) -> float:
-        """One quiet all-reduce (every group at once)."""
+    def all_reduce_s(self, ranks: int, nbytes: float, split: Split | None = None) -> float:
+        """One quiet all-reduce (every group at once), inside a node (or lying as `split`)."""
+        if split is not None and split.crosses:
+            return self._across(self.all_reduce_across, split, nbytes, "all_reduce")
         return self._fit(self.all_reduce, ranks, nbytes, "all_reduce")
+
+    def hop_s(self, nbytes: float, crosses: bool = False) -> float:
+        """One pipeline hop, inside a node or across the link."""
+        if not crosses:
+            return self.send_recv.predict(2, nbytes)
+        if self.send_recv_across is None:
+            raise ValueError("no send_recv fit across nodes: calibrate on the cluster")
+        return self.send_recv_across.predict(2, nbytes)
+
+
+PING_BYTES = 4096  # the small hop timed beside the activations': the hop's α
+
+
+@dataclass(frozen=True)
+class CalibrationPlan:
+    """What a calibration times for a set of (layout, placement) pairs: every compute `Shape`,
+    each with the way its TP group lies (`Split`, groups of 1 for the unsharded ones); the
+    quiet all-reduces (split, bytes): each stage's gradients on its DP group, the TP
+    activation on a TP group inside a node; the pipeline hops (split, bytes): inside a node
+    always, across the link where a stage boundary crosses it."""
+    tp: tuple
+    all_reduce: tuple
+    send_recv: tuple
+
+
+def plan_calibration(placed: Iterable[tuple], config) -> CalibrationPlan:
+    """The plan for `placed`: pairs (layout, placement), placement None on a flat network."""
+    tp, all_reduce, send_recv = set(), set(), {(Split(2, 1), PING_BYTES)}
+    for layout, placement in placed:
+        where = flat_splits(layout) if placement is None else splits(layout, placement)
+        act = activation_bytes(layout, config)
+        for j in range(layout.p):
+            for shape in stage_shapes(layout, config, j):
+                tp.add((shape, where.tp if shape.part == "block" else Split(1, 1)))
+            if layout.d > 1:
+                all_reduce.add((where.dp, BYTES_PER_FLOAT * stage_parameters(layout, config, j)))
+        if layout.t > 1 and not where.tp.crosses:
+            all_reduce.add((where.tp, act))
+        if layout.p > 1:
+            send_recv.add((Split(2, 1), act))
+            if placement is not None and any(crossing_hops(layout, placement)):
+                send_recv |= {(Split(1, 2), act), (Split(1, 2), PING_BYTES)}
+    return CalibrationPlan(tuple(sorted(tp)), tuple(sorted(all_reduce)), tuple(sorted(send_recv)))
 
 
 def busy_ranks(layout: Layout) -> float:
@@ -240,13 +306,19 @@ class Prediction:
     bubble_s: float        # idle fill and drain of the pipeline (part of bubble_p2p_s)
     p2p_s: float           # hops on the critical path (the rest of bubble_p2p_s)
     stage_s: tuple         # one micro-batch's forward + backward (+ TP) per stage
+    placement: tuple | None = None  # the node of each rank (None: one flat network)
 
     @property
     def step_s(self) -> float:
         return self.breakdown.step_s
 
 
-def predict(layout: Layout, config, calibration: Calibration) -> Prediction:
+def flat_splits(layout: Layout) -> Groups:
+    """Every group inside one node: a flat network."""
+    return Groups(Split(layout.d, 1), Split(layout.t, 1), Split(layout.p, 1))
+
+
+def predict(layout: Layout, config, calibration: Calibration, placement=None) -> Prediction:
     """One step of `layout`, from the counts above and the calibration.
 
     Per stage j and micro-batch: T_j = Σ pieces' compute (at the rate of `busy_ranks`
@@ -261,8 +333,14 @@ def predict(layout: Layout, config, calibration: Calibration) -> Prediction:
     all-reduces its gradients over d ranks, one call (one bucket), after waiting for the
     slowest replica (`lateness[d]` × its compute), and steps its optimizer; the step ends
     with the last stage to finish that.
+
+    With a `placement` (the node of each rank) each TP, DP and hop term is priced at the level
+    its group crosses; the hops then add up boundary by boundary: 2·(Σ_boundaries hop +
+    (m−1)·slowest hop), which is 2·(p−1+m−1) hops when they are all alike.
     """
     layout.check(config)
+    where = flat_splits(layout) if placement is None else splits(layout, placement)
+    crossing = (False,) * (layout.p - 1) if placement is None else crossing_hops(layout, placement)
     d, t, p, m = layout.d, layout.t, layout.p, layout.m
     act = activation_bytes(layout, config)
     blocks = config.layers // p
@@ -270,20 +348,21 @@ def predict(layout: Layout, config, calibration: Calibration) -> Prediction:
     compute, tp, stage, dp, opt = [], [], [], [], []
     for j in range(p):
         c = sum(calibration.seconds(s, busy) for s in stage_shapes(layout, config, j))
-        comm = 4 * blocks * calibration.tp_s(t, act)
+        comm = 4 * blocks * calibration.tp_s(t, act, where.tp)
         compute.append(m * c)
         tp.append(m * comm)
         stage.append(c + comm)
         wait = calibration.lateness.get(d, 0.0) * m * c if d > 1 else 0.0
         dp.append(wait + calibration.all_reduce_s(
-            d, BYTES_PER_FLOAT * stage_parameters(layout, config, j)))
+            d, BYTES_PER_FLOAT * stage_parameters(layout, config, j), where.dp))
         opt.append(calibration.optimizer_s[(t, p, j)])
     slowest = max(stage)
     if p > 1:
         others = (sum(stage) - slowest) / (p - 1)
         b = bubble_theory(p, m)
         bubble = b / (1 - b) * m * others
-        p2p = 2 * (p - 1 + m - 1) * calibration.send_recv.predict(2, act)
+        hops = [calibration.hop_s(act, crosses) for crosses in crossing]
+        p2p = 2 * (sum(hops) + (m - 1) * max(hops))
     else:
         bubble = p2p = 0.0
     step = m * slowest + bubble + p2p + max(x + y for x, y in zip(dp, opt))
@@ -291,7 +370,8 @@ def predict(layout: Layout, config, calibration: Calibration) -> Prediction:
     parts = Breakdown(compute_s=mean(compute), tp_comm_s=mean(tp), dp_comm_s=mean(dp),
                       optimizer_s=mean(opt),
                       bubble_p2p_s=step - mean(compute) - mean(tp) - mean(dp) - mean(opt))
-    return Prediction(layout, parts, bubble_s=bubble, p2p_s=p2p, stage_s=tuple(stage))
+    return Prediction(layout, parts, bubble_s=bubble, p2p_s=p2p, stage_s=tuple(stage),
+                      placement=None if placement is None else tuple(placement))
 
 
 # ----------------------------------------------------------------------------------------
@@ -414,4 +494,96 @@ def table(comparisons: Iterable[Comparison]) -> str:
                          for k in Breakdown.PARTS)
         lines.append(f"{lay.d}·{lay.t}·{lay.p:<2} {lay.m:>2} | {ms(c.step_s):>6} ms "
                      f"{ms(c.predicted_s):>6} ms {c.rel_error:>+6.0%} | {parts}")
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------------------
+# On a cluster: the same layouts in each placement that differs.
+# ----------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class PlacedResult:
+    """One (layout, placement)'s row of the cluster benchmark: `placement` names where its
+    groups lie ("tp inside · dp across"), `nodes` the node of each rank."""
+    d: int
+    t: int
+    p: int
+    m: int
+    placement: str
+    nodes: tuple
+    step_s: float
+    predicted_s: float
+    rel_error: float
+
+
+@dataclass(frozen=True)
+class ClusterSummary:
+    """Every placed layout's row; the median |relative error|; the fastest measured and
+    predicted ("d·t·p tp inside · dp across"); for each (d, t, p) measured in two placements,
+    whether the model orders them as measured (`orders`: "d·t·p" → bool); and
+    `tp_across_over_inside`: the smallest, over the (d, t, p) with t > 1 measured both ways,
+    of the step with TP across the link over the step with TP inside a node."""
+    results: tuple[PlacedResult, ...]
+    median_rel_error: float
+    max_rel_error: float
+    best_measured: str
+    best_predicted: str
+    orders: dict
+    tp_across_over_inside: float | None
+
+    def as_json(self) -> dict:
+        return asdict(self)
+
+
+def _name(c: Comparison) -> str:
+    lay = c.layout
+    return f"{lay.d}·{lay.t}·{lay.p} {placement_name(lay, c.predicted.placement)}"
+
+
+def cluster_summary(comparisons: Iterable[Comparison]) -> ClusterSummary:
+    """The placed comparisons (each predicted with its placement) summed up."""
+    rows = list(comparisons)
+    if not rows or any(c.predicted.placement is None for c in rows):
+        raise ValueError("comparisons must be a non-empty list, each predicted with a placement")
+    by_mesh: dict = {}
+    for c in rows:
+        by_mesh.setdefault((c.layout.d, c.layout.t, c.layout.p), []).append(c)
+    orders, ratios = {}, []
+    for (d, t, p), pair in by_mesh.items():
+        if len(pair) != 2:
+            continue
+        a, b = pair
+        orders[f"{d}·{t}·{p}"] = (a.step_s < b.step_s) == (a.predicted_s < b.predicted_s)
+        if t > 1:
+            inside = [c for c in pair if not splits(c.layout, c.predicted.placement).tp.crosses]
+            across = [c for c in pair if splits(c.layout, c.predicted.placement).tp.crosses]
+            if inside and across:
+                ratios.append(across[0].step_s / inside[0].step_s)
+    errors = [relative_error(c.predicted_s, c.step_s) for c in rows]
+    return ClusterSummary(
+        results=tuple(PlacedResult(c.layout.d, c.layout.t, c.layout.p, c.layout.m,
+                                   placement_name(c.layout, c.predicted.placement),
+                                   c.predicted.placement, c.step_s, c.predicted_s, c.rel_error)
+                      for c in rows),
+        median_rel_error=statistics.median(errors), max_rel_error=max(errors),
+        best_measured=_name(min(rows, key=lambda c: c.step_s)),
+        best_predicted=_name(min(rows, key=lambda c: c.predicted_s)),
+        orders=orders, tp_across_over_inside=min(ratios) if ratios else None)
+
+
+def placed_table(comparisons: Iterable[Comparison], wire_bytes: Mapping | None = None) -> str:
+    """Measured against predicted per (layout, placement), times in ms: the node of each rank,
+    where the groups lie, the step and its TP, pipeline and DP parts; with `wire_bytes`
+    ((layout, nodes) → bytes per step that crossed the link), those too."""
+    lines = [f"{'d·t·p':>6} {'m':>2} {'nodes':>8}  {'groups':<22}| {'measured':>9} "
+             f"{'predicted':>9} {'error':>6} | {'TP comm':>11} {'bubble+p2p':>11} "
+             f"{'DP comm':>11}" + (" | link MB/step" if wire_bytes is not None else "")]
+    for c in comparisons:
+        lay, nodes, ms = c.layout, c.predicted.placement, lambda s: f"{1e3 * s:.0f}"
+        parts = " ".join(f"{ms(getattr(c.measured, k)) + '/' + ms(getattr(c.predicted.breakdown, k)):>11}"
+                         for k in ("tp_comm_s", "bubble_p2p_s", "dp_comm_s"))
+        wire = (f" | {wire_bytes[(lay, nodes)] / 1e6:>7.2f}" if wire_bytes is not None else "")
+        lines.append(f"{lay.d}·{lay.t}·{lay.p:<2} {lay.m:>2} {''.join(map(str, nodes)):>8}  "
+                     f"{placement_name(lay, nodes):<22}| {ms(c.step_s):>6} ms {ms(c.predicted_s):>6} ms "
+                     f"{c.rel_error:>+6.0%} | {parts}{wire}")
     return "\n".join(lines)

@@ -28,10 +28,10 @@ import torch.distributed as dist
 from helpers.configs import TRANSFORMER, TransformerConfig
 from helpers.cost.alpha_beta import Fit, coefficients, fit_alpha_beta
 from helpers.cost.parallel3d import (BYTES_PER_FLOAT, LAYOUTS_4, Breakdown, Calibration, Comparison,
-                                     Shape, activation_bytes, measured_breakdown, predict,
-                                     shapes_used, stage_parameters, stages_used)
+                                     Shape, cluster_summary, measured_breakdown,
+                                     plan_calibration, predict, stages_used)
 from helpers.labs.parallel3d import Rank3D, Trainer3D, check_3d, cpu_tensors
-from helpers.layout import Layout
+from helpers.layout import Layout, Split, blocks_on, placements
 from helpers.models import Block, Head, Transformer, lm_loss
 from helpers.optimizers import make_optimizer
 from helpers.parallel.groups import split_groups
@@ -122,11 +122,17 @@ def _timings(fn, repeat: int, warmup: int = WARMUP) -> list[float]:
 
 @dataclass(frozen=True)
 class CommPoint:
-    """One measured message: op ("all_reduce" or "send_recv"), group size, bytes, seconds."""
+    """One measured message: op ("all_reduce" or "send_recv"), group size, bytes, seconds,
+    and the nodes each group spanned (1: inside a node)."""
     op: str
     ranks: int
     nbytes: int
     seconds: float
+    nodes: int = 1
+
+    @property
+    def split(self) -> Split:
+        return Split(self.ranks // self.nodes, self.nodes)
 
 
 @dataclass(frozen=True)
@@ -173,27 +179,35 @@ def _lateness(per_rank: list[list[float]], size: int) -> float:
 
 
 def calibrate(rank: int, world_size: int, layouts=LAYOUTS_4,
-              config: TransformerConfig = TRANSFORMER, repeat: int = 5) -> CalibrationPoints:
+              config: TransformerConfig = TRANSFORMER, repeat: int = 5,
+              placed=None, nodes=None) -> CalibrationPoints:
     """Rank function: time, on every rank at once, each compute `Shape` the layouts use
-    (forward + backward: a block sharded over t ranks as in the step, with groups of t
-    consecutive ranks side by side, or the head and loss), the TP all-reduces inside those
-    blocks (while the other groups compute), the gradient all-reduce of every stage on its
-    DP group size (groups side by side), one p2p hop per activation size (ping-pong between
-    ranks 2i and 2i+1, halved) and the optimizer step on every stage's parameters. The t = 1
-    shapes are also timed on rank 0 alone (the others wait in a broadcast, using no core):
-    their ratio says how many cores the ranks share. Compute, TP and optimizer times are
-    means over the `repeat` calls and the ranks (what a step that chains many pieces adds
-    up: with more ranks than cores, a piece is sometimes cut by the scheduler and sometimes
-    not, and the median would drop the cuts); a quiet collective, the slowest rank's median."""
+    (forward + backward: a block sharded over t ranks as in the step, with groups side by
+    side, or the head and loss), the TP all-reduces inside those blocks (while the other
+    groups compute), the gradient all-reduce of every stage on its DP group size (groups side
+    by side), one p2p hop per activation size (ping-pong within pairs, halved) and the
+    optimizer step on every stage's parameters. The t = 1 shapes are also timed on rank 0
+    alone (the others wait in a broadcast, using no core): their ratio says how many cores the
+    ranks share. Compute, TP and optimizer times are means over the `repeat` calls and the
+    ranks (what a step that chains many pieces adds up: with more ranks than cores, a piece is
+    sometimes cut by the scheduler and sometimes not, and the median would drop the cuts); a
+    quiet collective, the slowest rank's median.
+
+    On a cluster, `nodes` is the node of each rank now and `placed` the (layout, placement)
+    pairs to price (`plan_calibration`): every group term is timed on groups lying as the
+    step's do (`blocks_on`: inside a node, or across the link), each block sharded on the
+    ways its TP groups lie; a shape's compute is the mean over them."""
+    placed = tuple((lay, None) for lay in layouts) if placed is None else tuple(placed)
+    nodes = (0,) * world_size if nodes is None else tuple(nodes)
+    plan = plan_calibration(placed, config)
     generator = torch.Generator().manual_seed(rank)
-    compute, alone, tp, lateness = {}, {}, [], {}
+    work_of, alone, tp, lateness = {}, {}, [], {}
     groups = {}
     per_rank = []  # every repeat of every shape, on this rank: the replicas' spread
-    for shape in shapes_used(layouts, config):
-        t = shape.t
-        if t not in groups:
-            groups[t] = split_groups([list(range(i, i + t)) for i in range(0, world_size, t)])
-        piece = _piece(shape, config, groups[t])
+    for shape, split in plan.tp:
+        if split not in groups:
+            groups[split] = split_groups(blocks_on(nodes, split))
+        piece = _piece(shape, config, groups[split])
         rows = shape.tokens // config.seq
         x = torch.randn(rows, config.seq, config.hidden, generator=generator, requires_grad=True)
         targets = torch.randint(config.vocab, (rows, config.seq), generator=generator)
@@ -209,47 +223,49 @@ def calibrate(rank: int, world_size: int, layouts=LAYOUTS_4,
         comm = [sum(r.seconds for r in timed[i * calls:(i + 1) * calls]) for i in range(repeat)]
         work = [a - c for a, c in zip(times, comm)]
         per_rank.append(work)
-        compute[shape] = statistics.fmean(_gather(statistics.fmean(work)))
+        work_of.setdefault(shape, []).append(statistics.fmean(_gather(statistics.fmean(work))))
         if calls:
             seconds = statistics.fmean(r.seconds for r in timed)
-            tp.append(CommPoint("all_reduce", t, timed[0].nbytes,
-                                statistics.fmean(_gather(seconds))))
-        if t == 1:
+            tp.append(CommPoint("all_reduce", shape.t, timed[0].nbytes,
+                                statistics.fmean(_gather(seconds)), split.nodes))
+        if shape.t == 1 and shape not in alone:
             dist.barrier()
             seconds = torch.tensor([statistics.fmean(_timings(step, repeat))
                                     if rank == 0 else 0.0], dtype=torch.float64)
             dist.broadcast(seconds, src=0)  # the others wait here, using no core
             alone[shape] = float(seconds)
+    compute = {shape: statistics.fmean(values) for shape, values in work_of.items()}
     for group in groups.values():
         dist.destroy_process_group(group)
     # the replicas' spread: every rank's compute of all the shapes, repeat by repeat
     totals = [sum(piece[r] for piece in per_rank) for r in range(repeat)]
     everyone = [_gather(total) for total in totals]  # [repeat][rank]
     by_rank = [[everyone[r][k] for r in range(repeat)] for k in range(world_size)]
-    for d in sorted({lay.d for lay in layouts if lay.d > 1}):
+    for d in sorted({lay.d for lay, _ in placed if lay.d > 1}):
         lateness[d] = _lateness(by_rank, d)
     comm = []
-    for ranks, nbytes in _all_reduces_used(layouts, config):
-        group = split_groups([list(range(i, i + ranks)) for i in range(0, world_size, ranks)])
+    for split, nbytes in plan.all_reduce:
+        group = split_groups(blocks_on(nodes, split))
         buf = torch.zeros(nbytes // BYTES_PER_FLOAT)
         dist.barrier()
         seconds = statistics.median(_timings(lambda: dist.all_reduce(buf, group=group),
                                                     repeat))
-        comm.append(CommPoint("all_reduce", ranks, nbytes, _slowest(seconds)))
+        comm.append(CommPoint("all_reduce", split.ranks, nbytes, _slowest(seconds), split.nodes))
         dist.destroy_process_group(group)
-    peer = rank ^ 1
-    for nbytes in sorted({activation_bytes(lay, config) for lay in layouts if lay.p > 1} | {4096}):
+    for split, nbytes in plan.send_recv:
+        pair = next(block for block in blocks_on(nodes, split) if rank in block)
+        peer = pair[1 - pair.index(rank)]
         buf = torch.zeros(nbytes // BYTES_PER_FLOAT)
 
         def ping_pong():
-            first, second = (dist.send, dist.recv) if rank % 2 == 0 else (dist.recv, dist.send)
+            first, second = (dist.send, dist.recv) if pair[0] == rank else (dist.recv, dist.send)
             first(buf, peer)
             second(buf, peer)
         dist.barrier()
         seconds = statistics.median(_timings(ping_pong, repeat)) / 2
-        comm.append(CommPoint("send_recv", 2, nbytes, _slowest(seconds)))
+        comm.append(CommPoint("send_recv", 2, nbytes, _slowest(seconds), split.nodes))
     optimizer = {}
-    for key in stages_used(layouts, config):
+    for key in stages_used([lay for lay, _ in placed], config):
         opt = _optimizer_on(*key, config)
         dist.barrier()
         optimizer[key] = statistics.fmean(_gather(statistics.fmean(_timings(opt.step, repeat))))
@@ -272,15 +288,6 @@ def _optimizer_on(t: int, p: int, stage: int, config: TransformerConfig):
     return make_optimizer("adamw", params)
 
 
-def _all_reduces_used(layouts, config) -> list[tuple[int, int]]:
-    """(group size, bytes) of every distinct all-reduce the layouts call: each stage's
-    gradients on its DP group, and the (b, s, h) activation on the TP group (timed quiet
-    too: what the α–β model would say with nothing else running)."""
-    used = {(lay.t, activation_bytes(lay, config)) for lay in layouts if lay.t > 1}
-    return sorted(used | {(lay.d, BYTES_PER_FLOAT * stage_parameters(lay, config, j))
-                          for lay in layouts if lay.d > 1 for j in range(lay.p)})
-
-
 def _slowest(seconds: float) -> float:
     """The slowest rank's value (what the others wait for)."""
     value = torch.tensor([seconds], dtype=torch.float64)
@@ -297,19 +304,27 @@ def fit_calibration(rounds: list[CalibrationPoints]) -> Calibration:
     compute = {s: med(r.compute_s[s] for r in rounds) for s in first.compute_s}
     alone = {s: med(r.alone_s[s] for r in rounds) for s in first.alone_s}
     points = lambda attr: [CommPoint(c.op, c.ranks, c.nbytes,  # noqa: E731
-                                     med(getattr(r, attr)[i].seconds for r in rounds))
+                                     med(getattr(r, attr)[i].seconds for r in rounds), c.nodes)
                            for i, c in enumerate(getattr(first, attr))]
     tp, comm = points("tp"), points("comm")
     # the cores the ranks share: all of them at once take world/cores times as long as one alone
     cores = first.world * sum(alone.values()) / sum(compute[s] for s in alone)
+    inside = lambda pts: [c for c in pts if c.nodes == 1]  # noqa: E731
+    across = lambda pts: [c for c in pts if c.nodes > 1]  # noqa: E731
     fits = lambda pts: {g: _fit("all_reduce", [c for c in pts if c.ranks == g])  # noqa: E731
                         for g in sorted({c.ranks for c in pts})}
+    fits_by_split = lambda pts: {sp: _fit("all_reduce", [c for c in pts if c.split == sp])  # noqa: E731
+                                 for sp in sorted({c.split for c in pts})}
+    all_reduces = [c for c in comm if c.op == "all_reduce"]
+    hops = [c for c in comm if c.op == "send_recv"]
     return Calibration(
         world=first.world, compute_s=compute, cores=min(float(first.world), cores),
-        tp_all_reduce=fits(tp), all_reduce=fits([c for c in comm if c.op == "all_reduce"]),
-        send_recv=_fit("send_recv", [c for c in comm if c.op == "send_recv"]),
+        tp_all_reduce=fits(inside(tp)), all_reduce=fits(inside(all_reduces)),
+        send_recv=_fit("send_recv", inside(hops)),
         optimizer_s={k: med(r.optimizer_s[k] for r in rounds) for k in first.optimizer_s},
-        lateness={d: med(r.lateness[d] for r in rounds) for d in first.lateness})
+        lateness={d: med(r.lateness[d] for r in rounds) for d in first.lateness},
+        tp_across=fits_by_split(across(tp)), all_reduce_across=fits_by_split(across(all_reduces)),
+        send_recv_across=_fit("send_recv", across(hops)) if across(hops) else None)
 
 
 def _fit(op: str, points: list[CommPoint]) -> Fit:
@@ -392,3 +407,83 @@ def measure(ranks, layouts=LAYOUTS_4, config: TransformerConfig = TRANSFORMER,
         for lay in layouts:
             runs[lay].append(run_layout(ranks, lay, config, steps))
     return Measured(runs, fit_calibration(points))
+
+
+# ----------------------------------------------------------------------------------------
+# Parent side: the same layouts on emulated nodes, in each placement that differs.
+# ----------------------------------------------------------------------------------------
+
+# The decoder on the cluster: narrower and with more tokens than notebook 07's flat run, so
+# that a step's TP activations outweigh its gradients, as in a real run (there, per rank and
+# step, 4·(layers/p)·2 all-reduces of b·s·h against one of the parameters / t); a wider model
+# on this few tokens would make every placement a DP all-reduce, the same either way.
+CLUSTER_CONFIG = TRANSFORMER.with_(vocab=256, hidden=32, seq=64, batch=64)
+
+
+def placed_layouts(layouts=LAYOUTS_4, nodes: int = 2) -> tuple:
+    """(layout, placement) for every layout in each placement on `nodes` nodes that differs
+    (`helpers.layout.placements`), the launcher's (consecutive ranks on a node) first."""
+    return tuple((lay, placement) for lay in layouts for placement in placements(lay, nodes))
+
+
+@dataclass(frozen=True)
+class PlacedMeasured:
+    """Every round's `Run` of each (layout, placement), the bytes one of its steps sent over
+    the link (median over rounds, from the shapers' counters), and the calibration."""
+    runs: dict            # (Layout, placement) → [Run per round]
+    wire_bytes: dict      # (Layout, placement) → bytes per step across the link
+    calibration: Calibration
+
+    def median_run(self, key) -> Run:
+        runs = sorted(self.runs[key], key=lambda r: r.step_s)
+        return runs[(len(runs) - 1) // 2]
+
+    def comparisons(self, config: TransformerConfig = CLUSTER_CONFIG) -> list[Comparison]:
+        return [Comparison(lay, self.median_run((lay, pl)).breakdown,
+                           predict(lay, config, self.calibration, pl)) for lay, pl in self.runs]
+
+
+def measure_placed(ranks, placed=None, config: TransformerConfig = CLUSTER_CONFIG,
+                   rounds: int = 1, steps: int = 3, repeat: int = 5) -> PlacedMeasured:
+    """On live ranks on emulated nodes (`LiveRanks(world, nodes=n)`): each round, for each
+    placement in turn, `ranks.place` it (the ranks restart on their nodes), then run `steps`
+    steps of each layout placed so; the round's calibration is timed on the first placement,
+    with groups lying inside a node and across the link as the layouts' do. The link's
+    counters give each layout's bytes across per step. `repeat`: calibration timings per term."""
+    if not ranks.nodes:
+        raise ValueError("measure_placed needs ranks on emulated nodes: LiveRanks(4, nodes=2) "
+                         "(where namespaces cannot be made, LiveRanks says why)")
+    placed = placed_layouts(LAYOUTS_4, ranks.nodes) if placed is None else tuple(placed)
+    placed = tuple((lay.check(config), tuple(pl)) for lay, pl in placed)
+    by_placement: dict = {}
+    for lay, pl in placed:
+        by_placement.setdefault(pl, []).append(lay)
+    runs = {key: [] for key in placed}
+    wire = {key: [] for key in placed}
+    points = []
+    for _ in range(rounds):
+        for i, (placement, layouts) in enumerate(by_placement.items()):
+            ranks.place(placement)
+            if i == 0:
+                points.append(ranks.run(calibrate, tuple(lay for lay, _ in placed), config,
+                                        repeat, placed=placed, nodes=placement)[0])
+            for lay in layouts:
+                first_steps(ranks, lay, config)  # built (and its connections made) untimed
+                before = ranks.wire_bytes()
+                runs[(lay, placement)].append(run_layout(ranks, lay, config, steps))
+                wire[(lay, placement)].append((ranks.wire_bytes() - before) / steps)
+    return PlacedMeasured(runs, {k: statistics.median(v) for k, v in wire.items()},
+                          fit_calibration(points))
+
+
+def cluster_layouts(ranks, config: TransformerConfig = CLUSTER_CONFIG, rounds: int = 1,
+                    steps: int = 3) -> dict:
+    """The benchmark's record of every 4-rank layout in each placement on the ranks' nodes:
+    rows {d, t, p, m, placement, nodes, step_s, predicted_s, rel_error}, median and max
+    |relative error|, best_measured, best_predicted, orders, tp_across_over_inside
+    (`helpers.cost.parallel3d.cluster_summary`), and wire_bytes_per_step per row."""
+    ranks.resize(4)
+    measured = measure_placed(ranks, None, config, rounds, steps)
+    record = cluster_summary(measured.comparisons(config)).as_json()
+    record["wire_bytes_per_step"] = [measured.wire_bytes[key] for key in measured.runs]
+    return record
