@@ -12,6 +12,10 @@ then an all-gather: 2(p−1) steps, each moving n/p bytes: `2(p−1)α + 2(p−1
 
 Notation: p is the number of ranks (nccl-tests writes n for it), n the message size in bytes
 as defined per operation in `COST_MODELS`. Nothing here imports torch: the model is pure arithmetic.
+
+Also here: ranks on nodes, two network levels (the section at the end): which ranks share a node,
+the bytes a flat ring and a hierarchical all-reduce send over each node's uplink, and both
+all-reduces' times from the two levels' fits.
 """
 from __future__ import annotations
 

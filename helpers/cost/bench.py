@@ -2,8 +2,9 @@
 sweep's records, its tables, and the lecture's bandwidth formulas beside nccl-tests'. No torch.
 
 The records, one per idea: `Timing` (one point's calls, what `helpers.labs.bench.time_collective`
-returns), `PointResult` (a point measured beside the model), `ReduceScatterRatio`, and the lecture's
-numbers, `LectureNumber` and `LectureVsBusbw`. Conventions, stated once:
+returns), `PointResult` (a point measured beside the model), `ReduceScatterRatio`, the lecture's
+numbers, `LectureNumber` and `LectureVsBusbw`, and on two network levels `LevelFit` (one level's
+fit) and `FlatVsHierarchical` (an all-reduce both ways, timed). Conventions, stated once:
 
 * The time that stands for a point is `uncontended_time`: the 10th percentile of its iterations.
   CPU ranks share cores, and a call whose thread had to wait for a core (up to a scheduler tick,

@@ -5,6 +5,12 @@ Rank functions (`time_collective`, `scheduler_waits`) run on live ranks
 behind the widget) call them on live ranks, one call of the ranks per (p, op). The timing
 itself is `helpers.parallel.bench`; the sizes, the estimator, the fit and the tables are
 `helpers.cost.bench`; the figure and the widget are `helpers.views.bench`.
+
+Section 7 runs on emulated nodes (LiveRanks(..., nodes=2)): each level's sweep
+(`measure_levels`), the flat against the hierarchical all-reduce (`measure_flat_and_hierarchical`,
+the block in `helpers.parallel.hierarchical`) and the bytes the link's shapers counted
+(`wire_bytes_per_all_reduce`); `level_fit_records` and `hierarchical_vs_flat_all_reduce` answer
+for benchmarks/cluster.py.
 """
 from __future__ import annotations
 
@@ -254,7 +260,9 @@ def measure_levels(ranks, ops=LEVEL_OPS, sizes: dict | None = None, iters: int =
                    rounds: int = 1) -> dict[str, list[Timing]]:
     """{level: its Timings}: each op swept inside a node and across nodes (see `time_level`)."""
     check_ops(ops)
-    check_int("ranks per node (world_size / 2 nodes, at least 2)", ranks.world_size // 2, 2)
+    nodes = ranks.nodes or 2
+    check_int(f"ranks per node (world_size / {nodes} nodes; the level inside needs 2)",
+              ranks.world_size // nodes, 2)
     sizes = {**LEVEL_SIZES, **(sizes or {})}
     placement = placement_of(ranks)
     return {level: ranks.run(time_level, placement, level, ops, sizes[level], iters=iters,
@@ -281,7 +289,8 @@ def flat_and_hierarchical(rank: int, world_size: int, placement: tuple[int, ...]
     dist.all_reduce(difference, op=dist.ReduceOp.MAX)
     calls = {"flat": lambda: dist.all_reduce(flat),
              "hierarchical": lambda: hierarchical_all_reduce(hier, inside, across)}
-    flat.zero_(), hier.zero_()         # timed on zeros: repeated sums of data would overflow
+    flat.zero_()                       # timed on zeros: repeated sums of data would overflow
+    hier.zero_()
     times = {name: [] for name in calls}
     for i in range(warmup + iters):
         for name, call in calls.items():
