@@ -191,11 +191,15 @@ def test_cluster_summary_orders_ratio_and_fastest():
             _comparison(Layout(4, 1, 1), CONSECUTIVE, 3.0, 3.0)]
     s = cluster_summary(rows)
     assert s.orders == {"2·2·1": True, "2·1·2": False}
-    assert s.tp_across_over_inside == pytest.approx(2.0)
+    assert s.tp_across_over_inside == pytest.approx(2.0) and s.tp_ratios == {"2·2·1": 2.0}
+    assert s.best_predicted_slower == 0.0
     assert s.best_measured == "2·2·1 tp inside · dp across"
     assert s.best_predicted == "2·2·1 tp inside · dp across"
     errors = sorted(abs(p - m) / m for m, p in ((1, 1.1), (2, 1.9), (1.5, 1.2), (1.4, 1.3), (3, 3)))
     assert s.median_rel_error == pytest.approx(errors[2])
+    # the model's fastest measured 1.4 s where the fastest took 1.0 s
+    worse = cluster_summary([_comparison(a, CONSECUTIVE, 1.0, 1.1), _comparison(b, ALTERNATE, 1.4, 1.0)])
+    assert worse.best_predicted_slower == pytest.approx(0.4)
     row = s.as_json()["results"][1]
     assert (row["placement"], row["nodes"], row["step_s"]) == ("tp across · dp inside", ALTERNATE, 2.0)
     with pytest.raises(ValueError, match="each predicted with a placement"):

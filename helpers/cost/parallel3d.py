@@ -519,16 +519,19 @@ class PlacedResult:
 @dataclass(frozen=True)
 class ClusterSummary:
     """Every placed layout's row; the median |relative error|; the fastest measured and
-    predicted ("d·t·p tp inside · dp across"); for each (d, t, p) measured in two placements,
-    whether the model orders them as measured (`orders`: "d·t·p" → bool); and
-    `tp_across_over_inside`: the smallest, over the (d, t, p) with t > 1 measured both ways,
-    of the step with TP across the link over the step with TP inside a node."""
+    predicted ("d·t·p tp inside · dp across") and how much slower the predicted fastest
+    measured than the fastest (`best_predicted_slower`: 0 when they are the same); for each
+    (d, t, p) measured in two placements, whether the model orders them as measured
+    (`orders`: "d·t·p" → bool); for each with t > 1, the step with TP across the link over the
+    step with TP inside a node (`tp_ratios`), and `tp_across_over_inside`, the smallest."""
     results: tuple[PlacedResult, ...]
     median_rel_error: float
     max_rel_error: float
     best_measured: str
     best_predicted: str
+    best_predicted_slower: float
     orders: dict
+    tp_ratios: dict
     tp_across_over_inside: float | None
 
     def as_json(self) -> dict:
@@ -548,7 +551,7 @@ def cluster_summary(comparisons: Iterable[Comparison]) -> ClusterSummary:
     by_mesh: dict = {}
     for c in rows:
         by_mesh.setdefault((c.layout.d, c.layout.t, c.layout.p), []).append(c)
-    orders, ratios = {}, []
+    orders, ratios = {}, {}
     for (d, t, p), pair in by_mesh.items():
         if len(pair) != 2:
             continue
@@ -558,17 +561,19 @@ def cluster_summary(comparisons: Iterable[Comparison]) -> ClusterSummary:
             inside = [c for c in pair if not splits(c.layout, c.predicted.placement).tp.crosses]
             across = [c for c in pair if splits(c.layout, c.predicted.placement).tp.crosses]
             if inside and across:
-                ratios.append(across[0].step_s / inside[0].step_s)
+                ratios[f"{d}·{t}·{p}"] = across[0].step_s / inside[0].step_s
     errors = [relative_error(c.predicted_s, c.step_s) for c in rows]
+    fastest = min(rows, key=lambda c: c.step_s)
+    picked = min(rows, key=lambda c: c.predicted_s)
     return ClusterSummary(
         results=tuple(PlacedResult(c.layout.d, c.layout.t, c.layout.p, c.layout.m,
                                    placement_name(c.layout, c.predicted.placement),
                                    c.predicted.placement, c.step_s, c.predicted_s, c.rel_error)
                       for c in rows),
         median_rel_error=statistics.median(errors), max_rel_error=max(errors),
-        best_measured=_name(min(rows, key=lambda c: c.step_s)),
-        best_predicted=_name(min(rows, key=lambda c: c.predicted_s)),
-        orders=orders, tp_across_over_inside=min(ratios) if ratios else None)
+        best_measured=_name(fastest), best_predicted=_name(picked),
+        best_predicted_slower=picked.step_s / fastest.step_s - 1, orders=orders,
+        tp_ratios=ratios, tp_across_over_inside=min(ratios.values()) if ratios else None)
 
 
 def placed_table(comparisons: Iterable[Comparison], wire_bytes: Mapping | None = None) -> str:
