@@ -8,6 +8,7 @@ hides. Pure arithmetic: no torch, no processes.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,7 +16,8 @@ from helpers.checks import check_choice, check_divisible, check_int
 from helpers.configs import LECTURE, MLPConfig
 from helpers.cost import alpha_beta
 from helpers.cost.alpha_beta import COST_MODELS
-from helpers.hardware import H100_SXM, HIERARCHY, ROOFLINE_PEAKS
+from helpers.hardware import H100_SXM, HIERARCHY, ROOFLINE_PEAKS, NetworkLevel
+from helpers.simulator.comm import tp_comm
 from helpers.units import format_seconds
 
 LAYOUTS = ("lecture", "megatron", "sequence")
@@ -285,3 +287,117 @@ def layout_schedule(layout: str, layers: int) -> list[Layer | Comm | Holds]:
     return items
 
 
+
+
+# ----------------------------------------------------------------------------------------
+# 2-D tensor parallelism as notebook 06's model has it (docs/cost_model.md §4): TP_model ×
+# TP_ff ranks, each holding an (h_ff/TP_ff) × (h/TP_model) block of both matrices of every
+# feed-forward layer (h → h_ff = 4h → h).
+# ----------------------------------------------------------------------------------------
+
+FF_FACTOR = 4  # h_ff = 4h: the model's scaling law (docs/cost_model.md §3) and notebook 07's MLP
+
+
+@dataclass(frozen=True)
+class Grid2D:
+    """Which ranks share which slice: rank = ff_index · tp_model + model_index.
+
+    A *TP_model group* is the tp_model ranks holding the same h_ff slice and different h
+    slices (they all-reduce h_ff/TP_ff words per token); a *TP_ff group* is the tp_ff ranks
+    holding the same h slice (they all-reduce h/TP_model words per token). TP_model groups are
+    runs of consecutive ranks, so placing consecutive ranks on a node keeps them inside it.
+    """
+    tp_model: int
+    tp_ff: int
+
+    def __post_init__(self):
+        check_int("tp_model", self.tp_model)
+        check_int("tp_ff", self.tp_ff)
+
+    @property
+    def world_size(self) -> int:
+        return self.tp_model * self.tp_ff
+
+    def model_groups(self) -> list[list[int]]:
+        return [[i * self.tp_model + j for j in range(self.tp_model)] for i in range(self.tp_ff)]
+
+    def ff_groups(self) -> list[list[int]]:
+        return [[i * self.tp_model + j for i in range(self.tp_ff)] for j in range(self.tp_model)]
+
+    def check(self, config: MLPConfig) -> None:
+        """h splits over TP_model and h_ff over TP_ff (the model's own condition)."""
+        check_divisible("hidden", config.hidden, self.tp_model,
+                        f"TP_model={self.tp_model} splits h")
+        check_divisible("hidden", FF_FACTOR * config.hidden, self.tp_ff,
+                        f"TP_ff={self.tp_ff} splits h_ff = {FF_FACTOR}h")
+
+
+def split_on_nodes(grid: Grid2D, placement: tuple[int, ...]) -> tuple[tuple[int, int], tuple[int, int]]:
+    """(TP_model, TP_ff) as (degree inside a node, degree across nodes) when rank r sits on node
+    `placement[r]`: the model's two network levels. Every group of a kind must span as many
+    nodes as the others (the model places degrees, not ranks)."""
+    if len(placement) != grid.world_size:
+        raise ValueError(f"placement must name a node for each of the {grid.world_size} ranks, "
+                         f"got {placement!r}")
+    out = []
+    for name, groups in (("TP_model", grid.model_groups()), ("TP_ff", grid.ff_groups())):
+        spans = {len({placement[r] for r in group}) for group in groups}
+        if len(spans) != 1:
+            raise ValueError(f"placement {placement!r} puts some {name} groups on more nodes "
+                             f"than others; the model gives each degree one split")
+        (across,) = spans
+        size = len(groups[0])
+        if size % across:
+            raise ValueError(f"placement {placement!r} splits {name} groups of {size} ranks "
+                             f"over {across} nodes unevenly")
+        out.append((size // across, across))
+    return out[0], out[1]
+
+
+def formula_collectives_2d(grid: Grid2D, layers: int) -> dict[str, tuple[int, int]]:
+    """Group → (all-reduces forward, backward) in one step: each layer sums its first
+    matmul's partial sums over TP_model and its second's over TP_ff forward, and the input
+    gradients of the two the same way backward (2L of each a step, the model's `rs = 2L`).
+    A group of one rank issues nothing."""
+    return {name: (layers, layers) for name, size in
+            (("TP_model", grid.tp_model), ("TP_ff", grid.tp_ff)) if size > 1}
+
+
+def model_bytes_2d(config: MLPConfig, tp_model: tuple[int, ...], tp_ff: tuple[int, ...],
+                   bytes_per_element: int = 4) -> tuple[int, ...]:
+    """Bytes each rank sends in one step on each network level, innermost first, by notebook
+    06's model: `helpers.simulator.comm.tp_comm` itself, so there is one definition.
+
+    `tp_model` and `tp_ff` are the degrees on each level (`(2,)`: one level; `(2, 1)` and
+    `(1, 2)`: TP_model inside a node, TP_ff across). `tp_comm` returns a time, bytes / (N ·
+    bw_k / 2) on the slowest level; asking it about one level at a time, at bw_k = 2 B/s and
+    every other level infinitely fast, makes that time the bytes per rank on level k. The
+    model's N and tokens per batch are the run's: TP is the only parallelism (N = TP), and
+    every rank sees the whole batch (b tokens: s = 1)."""
+    if len(tp_model) != len(tp_ff):
+        raise ValueError(f"tp_model and tp_ff must give a degree on every level, "
+                         f"got {tp_model} and {tp_ff}")
+    n = math.prod(tp_model) * math.prod(tp_ff)
+    out = []
+    for k in range(len(tp_model)):
+        levels = [NetworkLevel(2.0 if i == k else math.inf, 0.0) for i in range(len(tp_model))]
+        per_rank, _ = tp_comm(config.hidden, FF_FACTOR * config.hidden, config.layers,
+                              config.batch, tp_model, tp_ff, levels, n, bytes_per_element)
+        out.append(round(per_rank))
+    return tuple(out)
+
+
+def formula_bytes_2d(grid: Grid2D, config: MLPConfig = LECTURE, bytes_per_element: int = 4) -> int:
+    """Bytes each rank sends in one step (ring all-reduces), all on one level."""
+    (total,) = model_bytes_2d(config, (grid.tp_model,), (grid.tp_ff,), bytes_per_element)
+    return total
+
+
+def formula_bytes_2d_by_group(grid: Grid2D, config: MLPConfig = LECTURE,
+                              bytes_per_element: int = 4) -> dict[str, int]:
+    """The same, split by group: each group's share is the model's bytes with the other degree
+    on a level of its own (TP_model on level 0, TP_ff on level 1)."""
+    by_model, by_ff = model_bytes_2d(config, (grid.tp_model, 1), (1, grid.tp_ff),
+                                     bytes_per_element)
+    return {name: nbytes for name, nbytes, size in
+            (("TP_model", by_model, grid.tp_model), ("TP_ff", by_ff, grid.tp_ff)) if size > 1}

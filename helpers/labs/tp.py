@@ -1,7 +1,9 @@
 """Notebook 04's runs: the lecture's MLP under each tensor-parallel layout on live ranks (the
 lecture's forward, a training step), checked against one process; the bytes each rank hands to
 torch.distributed against the formulas of `helpers.cost.tp`; PyTorch's DTensor plan for the
-same layouts; timed steps. The layers and f/g are `helpers.parallel.tp`."""
+same layouts; timed steps; and notebook 06's model's 2-D tensor parallelism, checked the same way,
+its bytes against the model's formula, on the link between emulated nodes too. The layers and
+f/g are `helpers.parallel.tp`."""
 from __future__ import annotations
 
 import math
@@ -15,14 +17,15 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from helpers.checks import check_choice, check_int
-from helpers.configs import LECTURE, MLPConfig
-from helpers.cost.tp import (check_config, formula_activation_bytes, formula_bytes,
-                             formula_collectives, kind_of)
+from helpers.configs import LECTURE, MLPConfig, TransformerConfig
+from helpers.cost.tp import (Grid2D, check_config, formula_activation_bytes, formula_bytes,
+                             formula_collectives, kind_of, model_bytes_2d, split_on_nodes)
 from helpers.launch.host import intra_op_threads
-from helpers.models import make_batch, make_mlp, mlp_loss
+from helpers.models import FeedForward, make_batch, make_mlp, mlp_loss
 from helpers.parallel.groups import group_rank, group_size, rank_device, split_groups
-from helpers.parallel.tp import (ColumnParallelLinear, CommSummary, RowParallelLinear, all_gather,
-                                 counting, my_slice, record, reduce_scatter, saved_activations,
+from helpers.parallel.tp import (ColumnParallelLinear, CommSummary, FeedForward2D,
+                                 RowParallelLinear, all_gather, build_groups, counting, my_slice,
+                                 record, reduce_scatter, saved_activations, shard_feed_forwards,
                                  shard_mlp, summarize)
 from helpers.timing import Measurement, measure
 
@@ -376,3 +379,157 @@ def measure_cpu_flops(config: MLPConfig = LECTURE, tokens: int = 512,
     return 2 * tokens * config.hidden**2 / m.median
 
 
+
+
+# ----------------------------------------------------------------------------------------
+# 2-D tensor parallelism as notebook 06's model has it: TP_model × TP_ff ranks, each holding a
+# block of both matrices of every feed-forward layer (`helpers.parallel.tp2d`).
+# ----------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class GroupCount:
+    """The all-reduces one rank issued on one of its two groups in a step."""
+    group: str                 # "TP_model" or "TP_ff"
+    calls: tuple[int, int]     # (forward, backward)
+    payload_bytes: int         # elements × item size handed to torch.distributed
+    ring_bytes: int            # what the ring algorithm sends of them: 2(p−1)/p × payload
+
+
+@dataclass(frozen=True)
+class Step2D:
+    step: StepResult           # output and input gradient: (b, h/TP_model); grads: its blocks
+    groups: tuple[GroupCount, ...]
+
+    @property
+    def ring_bytes(self) -> int:
+        return sum(c.ring_bytes for c in self.groups)
+
+    def by_group(self) -> dict[str, GroupCount]:
+        return {c.group: c for c in self.groups}
+
+
+def make_feed_forwards(config: MLPConfig = LECTURE) -> nn.Sequential:
+    """The model's layers: `layers` × FeedForward (h → 4h → GELU → h, no biases), weights
+    ~ N(0, 1/fan_in) drawn from `config.seed`, the same in every process."""
+    generator = torch.Generator().manual_seed(config.seed)
+    shape = TransformerConfig(hidden=config.hidden, heads=1, layers=config.layers)
+    layers = [FeedForward(shape) for _ in range(config.layers)]
+    with torch.no_grad():
+        for mlp in layers:
+            for linear in (mlp.up, mlp.down):
+                linear.weight.copy_(torch.randn(linear.weight.shape, generator=generator)
+                                    / math.sqrt(linear.in_features))
+    return nn.Sequential(*layers)
+
+
+def _group_counts(log) -> tuple[GroupCount, ...]:
+    counts: dict[str, list] = {}
+    for rec in log:
+        entry = counts.setdefault(rec.label, [[0, 0], 0, 0])
+        entry[0][rec.phase == "backward"] += 1
+        entry[1] += rec.nbytes
+        entry[2] += rec.ring_bytes
+    return tuple(GroupCount(name, tuple(calls), payload, ring)
+                 for name, (calls, payload, ring) in counts.items())
+
+
+def _grads_2d(layers) -> dict[Param, torch.Tensor]:
+    return {Param(i, name): getattr(layer, name).grad if isinstance(layer, FeedForward2D)
+            else getattr(layer, name).weight.grad
+            for i, layer in enumerate(layers) for name in ("up", "down")}
+
+
+def train_step_2d(rank: int, world_size: int, grid: Grid2D, config: MLPConfig = LECTURE) -> Step2D:
+    """One forward + backward of the stack on a TP_model × TP_ff grid; the all-reduces
+    counted per group as handed to torch.distributed. The input requires a gradient (as if
+    the stack sat inside a deeper network), so the first layer's backward all-reduce runs
+    too: 2L all-reduces on each group, as the model counts them."""
+    model_group, ff_group = build_groups(grid)
+    device = rank_device()
+    model = shard_feed_forwards(make_feed_forwards(config), model_group, ff_group).to(device)
+    x = my_slice(make_batch(config), 1, model_group).to(device).requires_grad_(True)
+    with counting() as log:
+        y = model(x)
+        # Each rank holds h/TP_model of the output: the TP_model group's losses add up.
+        loss = mlp_loss(y, numel=config.batch * config.hidden)
+        loss.backward()
+    step = StepResult(y, loss, x.grad, _grads_2d(model), summarize(log)).cpu()
+    return Step2D(step, _group_counts(log))
+
+
+def reference_step_2d(config: MLPConfig = LECTURE) -> StepResult:
+    """The same step on one process, unsharded."""
+    model = make_feed_forwards(config)
+    x = make_batch(config).requires_grad_(True)
+    y = model(x)
+    loss = mlp_loss(y)
+    loss.backward()
+    return StepResult(y.detach(), loss.detach(), x.grad, _grads_2d(model))
+
+
+def run_step_2d(ranks, grid: Grid2D, config: MLPConfig = LECTURE) -> list[Step2D]:
+    """Check the grid in the parent, then one training step on its ranks."""
+    grid.check(config)
+    ranks.resize(grid.world_size)
+    return ranks.run(train_step_2d, grid, config)
+
+
+def assemble_2d(results: list[Step2D], grid: Grid2D) -> StepResult:
+    """The whole output, loss, input gradient and weight gradients from the blocks (results in
+    rank order: rank = ff_index · tp_model + model_index)."""
+    steps = [r.step for r in results]
+    at = [[steps[i * grid.tp_model + j] for j in range(grid.tp_model)] for i in range(grid.tp_ff)]
+    row = at[0]  # one TP_ff index: between them the ranks hold every h slice
+
+    def blocks(param, rows_by_ff):
+        grid_of = at if rows_by_ff else list(zip(*at))
+        return torch.cat([torch.cat([s.grads[param] for s in line], dim=1) for line in grid_of])
+
+    grads = {p: blocks(p, p.name == "up") for p in steps[0].grads}
+    return StepResult(torch.cat([s.output for s in row], dim=1), sum(s.loss for s in row),
+                      torch.cat([s.input_grad for s in row], dim=1), grads)
+
+
+def replicas_agree_2d(results: list[Step2D], grid: Grid2D) -> bool:
+    """The ranks of a TP_ff group hold the same h slice of the output and the input gradient,
+    bit for bit (the all-reduce hands every member the same sum)."""
+    steps = [r.step for r in results]
+    return all(torch.equal(steps[r].output, steps[group[0]].output)
+               and torch.equal(steps[r].input_grad, steps[group[0]].input_grad)
+               for group in grid.ff_groups() for r in group)
+
+
+@dataclass(frozen=True)
+class OnTheWire:
+    """One 2-D step on emulated nodes: what crossed the link against the model."""
+    placement: tuple[int, ...]
+    tp_model: tuple[int, int]   # (inside a node, across nodes)
+    tp_ff: tuple[int, int]
+    wire_bytes: int             # counted by the link's shapers, headers included
+    formula_bytes: int          # the model's bytes on the outer level, summed over the ranks
+    results: list[Step2D]
+
+    @property
+    def overhead(self) -> float:
+        return self.wire_bytes / self.formula_bytes - 1
+
+
+def run_on_nodes_2d(ranks, grid: Grid2D, placement: tuple[int, ...],
+                    config: MLPConfig = LECTURE) -> OnTheWire:
+    """Place rank r on node placement[r] (`LiveRanks(..., nodes=2)`), run one step and read
+    the bytes that crossed between nodes; the model's are its per-rank bytes on the outer level
+    (`model_bytes_2d`) times the ranks: every byte a rank sends there crosses the link once."""
+    tp_model, tp_ff = split_on_nodes(grid, placement)
+    grid.check(config)
+    ranks.resize(grid.world_size)
+    ranks.place(placement)
+    ranks.run(build_groups_only, grid)  # start the ranks on their nodes before counting
+    before = ranks.wire_bytes()
+    results = ranks.run(train_step_2d, grid, config)
+    crossed = ranks.wire_bytes() - before
+    _, outer = model_bytes_2d(config, tp_model, tp_ff)
+    return OnTheWire(tuple(placement), tp_model, tp_ff, crossed, grid.world_size * outer, results)
+
+
+def build_groups_only(rank: int, world_size: int, grid: Grid2D) -> None:
+    build_groups(grid)

@@ -14,6 +14,9 @@ GELU after each):
   all-reduce becomes reduce-scatter (forward) / all-gather (backward) after the pair, and an
   all-gather / reduce-scatter before it.
 
+And one more, notebook 06's model's (the last section): 2-D tensor parallelism of feed-forward
+layers (h → h_ff = 4h → h) over TP_model × TP_ff ranks, built from the same f and g.
+
 Conventions used throughout:
 * Every building block takes `group=None` (the whole world): t = `group_size(group)` ranks
   share each layer and `group_rank(group)` says which slice is mine.
@@ -35,9 +38,11 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
-from helpers.cost.tp import kind_of
+from helpers.cost.tp import Grid2D, kind_of
+from helpers.models import FeedForward
 from helpers.parallel import trace
-from helpers.parallel.groups import all_gather_into, group_rank, group_size, reduce_scatter_into
+from helpers.parallel.groups import (all_gather_into, group_rank, group_size, reduce_scatter_into,
+                                     split_groups)
 
 # ----------------------------------------------------------------------------------------
 # Counting what we hand to torch.distributed.
@@ -84,14 +89,17 @@ def counting():
     return trace.recording("tp")
 
 
-def record(op: str, phase: str, tensor: torch.Tensor, start: float, group=None) -> None:
-    """Log one collective this module just issued on `tensor` (its full buffer n)."""
+def record(op: str, phase: str, tensor: torch.Tensor, start: float, group=None,
+           label: str = "") -> None:
+    """Log one collective this module just issued on `tensor` (its full buffer n); `label`
+    names the group where a rank is in several (2-D TP), the tensor's shape otherwise."""
     if trace.recording_for("tp"):
         if tensor.is_cuda:  # NCCL returns before the data moved: wait, so time means something
             torch.cuda.synchronize(tensor.device)
         seconds = time.perf_counter() - start
         trace.record("tp", trace.Comm("tp", op, tensor.numel() * tensor.element_size(), phase,
-                                      group_size(group), start, seconds, str(tuple(tensor.shape))))
+                                      group_size(group), start, seconds,
+                                      label or str(tuple(tensor.shape))))
 
 
 def summarize(log: list[trace.Comm]) -> CommSummary:
@@ -107,14 +115,14 @@ def summarize(log: list[trace.Comm]) -> CommSummary:
 
 # The three collectives, each a thin counted wrapper. t = 1 moves nothing, so skip the call.
 
-def all_reduce(x: torch.Tensor, phase: str = "forward", group=None) -> torch.Tensor:
+def all_reduce(x: torch.Tensor, phase: str = "forward", group=None, label: str = "") -> torch.Tensor:
     """Sum x over the group's ranks."""
     if group_size(group) == 1:
         return x
     x = x.contiguous()
     start = time.perf_counter()
     dist.all_reduce(x, group=group)
-    record("all_reduce", phase, x, start, group)
+    record("all_reduce", phase, x, start, group, label)
     return x
 
 
@@ -161,26 +169,27 @@ class _F(torch.autograd.Function):
     """f: identity forward, all-reduce backward (enters a tensor-parallel region)."""
 
     @staticmethod
-    def forward(ctx, x, group):
-        ctx.group = group
+    def forward(ctx, x, group, label):
+        ctx.group, ctx.label = group, label
         return x.view_as(x)
 
     @staticmethod
     def backward(ctx, grad):
         # Each rank used the full x against its own weight slice: the gradients are partial sums.
-        return all_reduce(grad.clone(), phase="backward", group=ctx.group), None
+        return all_reduce(grad.clone(), "backward", ctx.group, ctx.label), None, None
 
 
 class _G(torch.autograd.Function):
     """g: all-reduce forward, identity backward (leaves a tensor-parallel region)."""
 
     @staticmethod
-    def forward(ctx, x, group):
-        return all_reduce(x.clone(), phase="forward", group=group)
+    def forward(ctx, x, group, label):
+        return all_reduce(x.clone(), "forward", group, label)
 
     @staticmethod
     def backward(ctx, grad):
-        return grad, None  # the output is replicated: every rank already has the whole gradient
+        # the output is replicated: every rank already has the whole gradient
+        return grad, None, None
 
 
 class _GatherLastDim(torch.autograd.Function):
@@ -213,8 +222,8 @@ class _Tokens(torch.autograd.Function):
         return collective(grad, dim=0, phase="backward", group=ctx.group), None, None
 
 
-def f(x, group=None): return _F.apply(x, group)
-def g(x, group=None): return _G.apply(x, group)
+def f(x, group=None, label=""): return _F.apply(x, group, label)
+def g(x, group=None, label=""): return _G.apply(x, group, label)
 def gather_columns(x, group=None): return _GatherLastDim.apply(x, group)
 def gather_tokens(x, group=None): return _Tokens.apply(x, group, True)
 def scatter_tokens(x, group=None): return _Tokens.apply(x, group, False)
@@ -313,3 +322,70 @@ def saved_activations(model: nn.Module):
         yield seen
 
 
+# ----------------------------------------------------------------------------------------
+# 2-D tensor parallelism, as notebook 06's model has it (docs/cost_model.md §4).
+# ----------------------------------------------------------------------------------------
+#
+# Notebook 04's Megatron pair cuts each matrix one way over t ranks: the first by its output
+# features, the second by its input features, and the full (b·s × h) activation is all-reduced
+# once per pair. Erdil and Schneider-Joseph's model (docs/cost_model.md §4) cuts every matrix
+# both ways over TP = TP_model · TP_ff ranks: the rank with TP_ff index i and TP_model index j
+# holds the (h_ff/TP_ff) × (h/TP_model) block (i, j) of `up` and block (j, i) of `down`. Activations between layers are cut
+# along h over TP_model and repeated over TP_ff. One layer, on a rank:
+#
+#     x          (tokens, h/TP_model)      the same on every rank of its TP_ff group
+#     x · upᵀ    (tokens, h_ff/TP_ff)      a partial sum: its h/TP_model terms of each dot product
+#     all-reduce over TP_model             h_ff/TP_ff words per token
+#     GELU, · downᵀ  (tokens, h/TP_model)  a partial sum: its h_ff/TP_ff terms
+#     all-reduce over TP_ff                h/TP_model words per token
+#
+# Backward mirrors it: both input gradients are partial sums over the group that summed the
+# forward's, so each layer all-reduces the same two sizes again. These are the f and g above,
+# each on the group it belongs to. Nothing else moves: every weight
+# gradient is local.
+#
+# Why cut two ways: per token and pass, a layer all-reduces h_ff/TP_ff + h/TP_model words, where
+# Megatron's pair all-reduces h whatever t is. With h_ff = 4h that is more at small degrees
+# (2 × 2: 2.5h) and less once TP is in the tens (16 × 32: 0.19h), while each rank's share of the
+# FLOP falls as 1/TP in both. Bytes per rank that fall as 1/√TP are what lets notebook 06's
+# model send TP across nodes at scale.
+
+MODEL, FF = "TP_model", "TP_ff"  # the groups' names, as the counted collectives carry them
+
+
+def build_groups(grid: Grid2D) -> tuple:
+    """(TP_model group, TP_ff group) of this rank. Call on every rank, in the same order:
+    creating a group is a collective over the whole world."""
+    return split_groups(grid.model_groups()), split_groups(grid.ff_groups())
+
+
+def block_of(weight: torch.Tensor, row_group, column_group) -> torch.Tensor:
+    """This rank's block of `weight`: rows cut over `row_group`, columns over `column_group`."""
+    return my_slice(my_slice(weight.detach(), 0, row_group), 1, column_group)
+
+
+class FeedForward2D(nn.Module):
+    """One `FeedForward` (h → h_ff → GELU → h, no biases) over a TP_model × TP_ff grid.
+
+    `up` (h_ff, h) keeps rows by TP_ff and columns by TP_model; `down` (h, h_ff) the reverse,
+    so the h_ff slice `up` produces is the one `down` consumes and the h slice `down`
+    produces is the one the next layer's `up` consumes."""
+
+    def __init__(self, mlp: FeedForward, model_group, ff_group):
+        super().__init__()
+        self.model_group, self.ff_group = model_group, ff_group
+        self.up = nn.Parameter(block_of(mlp.up.weight, ff_group, model_group))
+        self.down = nn.Parameter(block_of(mlp.down.weight, model_group, ff_group))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # x is repeated over TP_ff: its gradient's partial sums are summed there (f).
+        x = f(x, self.ff_group, FF)
+        hidden = g(F.linear(x, self.up), self.model_group, MODEL)
+        # GELU's output is repeated over TP_model: its gradient is summed there (f).
+        hidden = f(F.gelu(hidden), self.model_group, MODEL)
+        return g(F.linear(hidden, self.down), self.ff_group, FF)
+
+
+def shard_feed_forwards(reference: nn.Sequential, model_group, ff_group) -> nn.Sequential:
+    """This rank's piece of a stack of `FeedForward` layers."""
+    return nn.Sequential(*(FeedForward2D(mlp, model_group, ff_group) for mlp in reference))
