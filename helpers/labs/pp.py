@@ -433,6 +433,110 @@ def run_torch_pipelining(ranks, schedule: str = "1f1b", p: int = 2, m: int = 4,
     return PipelineRun.from_logs(f"torch {schedule}", m, 1, "compute", logs)
 
 
+TORCH_V_SCHEDULES = {"zbv": "ScheduleZBVZeroBubble", "dualpipev": "ScheduleDualPipeV"}
+
+
+def torch_v_schedule_rank(rank, world_size, schedule: str, m: int,
+                          config: MLPConfig = LECTURE, group=None) -> StageLog:
+    """One training step with torch.distributed.pipelining's ScheduleZBVZeroBubble or
+    ScheduleDualPipeV: two stages per rank in a V (rank r holds stages r and 2p − 1 − r of 2p),
+    B and W apart inside the library. Rank 0 holds both the first stage (the input) and the
+    last (the loss)."""
+    from torch.distributed import pipelining
+    device = rank_device()
+    s, p = group_rank(group), group_size(group)
+    model, stages, ranges = make_mlp(config), [], []
+    for index in (s, 2 * p - 1 - s):
+        mine = stage_range(index, 2 * p, config)
+        layers = mlp_layers(model, mine.start, mine.stop).to(device)
+        stages.append(pipelining.PipelineStage(layers, index, 2 * p, device, group=group))
+        ranges.append((layers, mine.start))
+    kind = getattr(pipelining, TORCH_V_SCHEDULES[schedule])
+    runner = kind(stages, n_microbatches=m, loss_fn=lambda output, _target: mlp_loss(output))
+    losses = []
+    if s == 0:  # the lecture's loss has no labels: the target is a placeholder
+        runner.step(make_batch(config).to(device), target=torch.zeros(config.batch, device=device),
+                    losses=losses)
+    else:
+        runner.step()
+    loss = torch.stack(losses).mean().item() if losses else None
+    grads = {layer: g.cpu() for layers, first in ranges
+             for layer, g in layer_grads(layers, first).items()}
+    return StageLog(grads=grads, loss=loss)
+
+
+def run_torch_v_schedule(ranks, schedule: str = "dualpipev", p: int = 2, m: int = 4,
+                         config: MLPConfig = LECTURE) -> PipelineRun:
+    """Run `torch_v_schedule_rank` (schedule "zbv" or "dualpipev") on p >= 2 of the live
+    `ranks`; the model must cut into 2p stages, and DualPipeV wants m >= 2p."""
+    check_choice("schedule", schedule, tuple(TORCH_V_SCHEDULES))
+    check_int("p", p, low=2)
+    check_int("m", m)
+    check_model(p, m, 2, config)
+    if m < 2 * p:
+        raise ValueError(f"{TORCH_V_SCHEDULES[schedule]} runs m >= 2p = {2 * p} micro-batches, "
+                         f"got m={m}")
+    logs = check_ranks(ranks).resize(p).run(torch_v_schedule_rank, schedule, m, config)
+    return PipelineRun.from_logs(f"torch {schedule}", m, 2, "compute", logs)
+
+
+# Names of torch's computation types in our letters: its I (input gradient) is our B with a
+# W of its own, its B a whole backward.
+_TORCH_KINDS = {"FORWARD": "F", "FULL_BACKWARD": "B", "BACKWARD_INPUT": "I", "BACKWARD_WEIGHT": "W"}
+
+
+def torch_schedule_order(schedule: str, p: int, m: int) -> list[list[tuple[str, int, int]]] | None:
+    """Each rank's (kind, chunk, mb) in the order torch's schedule class plans them, from
+    `torch.distributed.pipelining._schedule_visualizer.get_schedule_ops` (no process group),
+    kinds as in `_TORCH_KINDS`. A fused forward-and-backward action (DualPipeV's overlapped
+    pair) reads as its forward then its backward. None where the private module or the
+    function is missing (it is not a public API and may move)."""
+    try:
+        from torch.distributed.pipelining._schedule_visualizer import get_schedule_ops
+    except ImportError:
+        return None
+    name = {"dualpipev": "DualPipeV", "zbv": "ZBVZeroBubble"}[schedule]
+    order = []
+    for rank, actions in enumerate(get_schedule_ops(name, p, m)):
+        mine = []
+        for action in actions:
+            if action is None:  # a slot the visualizer leaves empty
+                continue
+            for part in action.sub_actions or (action,):
+                stage = part.stage_index
+                mine.append((_TORCH_KINDS[part.computation_type.name],
+                             int(stage >= p), part.microbatch_index))
+        order.append(mine)
+    return order
+
+
+def our_order(schedule: str, p: int, m: int) -> list[list[tuple[str, int, int]]]:
+    """Our plans in `torch_schedule_order`'s letters: a B with a W of its own is an I."""
+    order = []
+    for rank in range(p):
+        plan = make_plan(schedule, p, m, rank)
+        split = split_backwards(plan)
+        order.append([("I" if a.kind == "B" and (a.chunk, a.mb) in split else a.kind,
+                       a.chunk, a.mb) for a in plan])
+    return order
+
+
+def order_differences(ours, theirs) -> list[str]:
+    """Every place two per-rank orders part, in words: the first differing position of each
+    rank and what each side runs there, and any difference in length."""
+    words = []
+    for rank, (a, b) in enumerate(zip(ours, theirs)):
+        first = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
+        if first is not None:
+            words.append(f"rank {rank}, step {first}: ours {''.join(map(str, a[first]))}, "
+                         f"torch's {''.join(map(str, b[first]))}")
+        elif len(a) != len(b):
+            words.append(f"rank {rank}: ours has {len(a)} steps, torch's {len(b)}")
+    if len(ours) != len(theirs):
+        words.append(f"{len(ours)} ranks against {len(theirs)}")
+    return words
+
+
 # ------------------------------------------------------------------------------------------
 # 4. The schedule alone: what the widget and the bubble sweep show.
 # ------------------------------------------------------------------------------------------

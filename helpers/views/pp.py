@@ -49,7 +49,8 @@ def plot_gantt(events: list[Event], p: int, title: str = "", ax=None, unit: str 
     when None) and return the figure.
 
     Each micro-batch has its own colour: its forwards are pale, its backwards full colour
-    with a light hatch, so a reader can follow one micro-batch down the ranks and back up.
+    with a light hatch, so a reader can follow one micro-batch down the ranks and back up;
+    where the backward is split, its W (the weights' gradient) is dotted.
     White space is the bubble. A bar is labelled (F3, B3, or F3.1 for micro-batch 3 through
     chunk 1 when ranks hold several chunks) only when the label fits inside it; labels sit
     on a white patch, readable over any colour. Times start at 0; `unit` labels the axis;
@@ -76,6 +77,8 @@ def gantt_axes(ax, p: int, span: float, unit: str = "ms") -> None:
     ax.set_xlabel(f"time ({unit})" if unit else "time (units of t_F)")
     handles = [Patch(facecolor="white", edgecolor="black", alpha=0.4, label="F (pale)"),
                Patch(facecolor="grey", edgecolor="white", hatch="///", label="B (hatched)"),
+               Patch(facecolor="grey", edgecolor="black", alpha=0.7, hatch="..",
+                     label="W (dotted)"),
                Patch(facecolor="none", edgecolor="none", label="colour = mb")]
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=7,
               frameon=False)
@@ -88,7 +91,7 @@ def gantt_bars(ax, events: list[Event], span: float, unit: str = "ms") -> list:
     scale = 1e3 if unit == "ms" else 1.0
     v = max(e.chunk for e in events) + 1
     inches = ax.get_position().width * ax.figure.get_figwidth()
-    bars = {"F": ([], []), "B": ([], [])}  # kind -> (rectangles, colours): one collection each
+    bars = {"F": ([], []), "B": ([], []), "W": ([], [])}  # kind -> (rectangles, colours)
     labels = []
     for e in events:
         start, width = (e.start - t0) * scale, e.duration * scale
@@ -103,10 +106,12 @@ def gantt_bars(ax, events: list[Event], span: float, unit: str = "ms") -> list:
                 start + width / 2, e.rank, label, ha="center", va="center", fontsize=size,
                 clip_on=True, bbox=dict(boxstyle="round,pad=0.15", facecolor="white",
                                         edgecolor="none", alpha=0.85)))
+    style = {"F": dict(alpha=0.4, hatch=None, edgecolors="black"),
+             "B": dict(alpha=0.9, hatch="///", edgecolors="white"),
+             "W": dict(alpha=0.7, hatch="..", edgecolors="black")}  # a split backward's W
     collections = [ax.add_collection(PolyCollection(
-        rectangles, facecolors=colours, alpha=0.4 if kind == "F" else 0.9,
-        hatch=None if kind == "F" else "///", edgecolors="black" if kind == "F" else "white",
-        linewidths=0.4, label=f"{kind} bars")) for kind, (rectangles, colours) in bars.items()]
+        rectangles, facecolors=colours, linewidths=0.4, label=f"{kind} bars", **style[kind]))
+        for kind, (rectangles, colours) in bars.items() if rectangles]
     return collections + labels  # in the order the axes draw them: bars under labels
 
 
