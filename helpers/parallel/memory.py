@@ -43,15 +43,24 @@ def _pointers(tensors: Iterable[torch.Tensor]) -> set[int]:
     return {t.untyped_storage().data_ptr() for t in tensors if t.untyped_storage().nbytes()}
 
 
-def state_bytes(params: Iterable[torch.Tensor], optimizer: torch.optim.Optimizer) -> ZeroMemory:
+def state_bytes(params: Iterable[torch.Tensor], optimizer: torch.optim.Optimizer, *,
+                masters: Iterable[torch.Tensor] = (),
+                grads: Iterable[torch.Tensor] | None = None) -> ZeroMemory:
     """Parameters (`params` and whatever the optimizer steps), their `.grad`s, and every
     tensor in the optimizer's state (AdamW: exp_avg, exp_avg_sq and a 4-byte `step`), in the
-    formula's own structure; a storage counts once, in the first of the three it is in."""
+    formula's own structure; a storage counts once, in the first of the three it is in.
+
+    Mixed precision: `params` are the weights in the compute dtype, `masters` the fp32 copies
+    the optimizer steps, counted with the optimizer state (as the formula's 12 bytes count
+    them), and `grads` the gradients as kept (default: the `.grad` of params and masters)."""
+    masters = list(masters)
     stepped = [p for group in optimizer.param_groups for p in group["params"]]
-    tensors = list(params) + stepped
-    grads = [p.grad for p in tensors if p.grad is not None]
+    tensors = list(params) + [p for p in stepped if not any(p is m for m in masters)]
+    if grads is None:
+        grads = [p.grad for p in tensors + masters if p.grad is not None]
+    grads = list(grads)
     moments = [v for state in optimizer.state.values() for v in state.values()
-               if isinstance(v, torch.Tensor)]
+               if isinstance(v, torch.Tensor)] + masters
     param_bytes = storage_bytes(tensors)
     grad_bytes = storage_bytes(grads, skip=_pointers(tensors))
     return ZeroMemory(param_bytes, grad_bytes,
