@@ -5,11 +5,14 @@
 whole parameters (to check against `train_reference`, one process with plain AdamW) and, for
 its last step, what `helpers.parallel.memory` measured: state bytes, saved activations, the
 profiler's peak and the bytes handed to each collective. `train_torch_fsdp` is the same
-training under PyTorch's FSDP2 (`torch.distributed.fsdp.fully_shard`).
+training under PyTorch's FSDP2 (`torch.distributed.fsdp.fully_shard`). With a
+`fsdp.MixedPrecision`, stage 3 computes in bf16 (or fp16) on fp32 masters, and
+`train_reference` is one process that casts the same way.
 """
 from __future__ import annotations
 
 import contextlib
+import copy
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -21,13 +24,15 @@ from torch.profiler import record_function
 from helpers.checks import check_choice, check_divisible, check_int
 from helpers.configs import SMALL, TransformerConfig
 from helpers.cost.alpha_beta import COST_MODELS
+from helpers.launch.host import intra_op_threads
 from helpers.cost.memory import (FP32_RUN, MIXED_RUN, STAGES, ZeroMemory, comm_volume,
-                                 zero_memory_for)
+                                 mixed_precision_bytes, reduction_tolerance, zero_memory_for,
+                                 zero_memory_per_rank)
 from helpers.models import lm_loss, make_tokens, make_transformer, transformer_forward
 from helpers.optimizers import OPTIMIZERS, optimizer_spec
 from helpers.parallel import trace
 from helpers.parallel.dp import shard
-from helpers.parallel.fsdp import FSDP
+from helpers.parallel.fsdp import FSDP, MixedPrecision
 from helpers.parallel.groups import group_rank, group_size
 from helpers.parallel.memory import PeakMemory, Phase, SavedActivations, state_bytes
 from helpers.parallel.zero import ZeroDP
@@ -37,9 +42,12 @@ SETTING = "exact"
 
 
 def check_run(stage: int, d: int, config: TransformerConfig, steps: int = 3,
-              optimizer: str = "adamw") -> None:
+              optimizer: str = "adamw", precision: MixedPrecision | None = None) -> None:
     """What a run needs, checked in the parent before any rank starts."""
     check_choice("stage", stage, STAGES)
+    if precision is not None and stage != 3:
+        raise ValueError(f"precision: mixed precision is built for stage 3 (FSDP) only, "
+                         f"got stage {stage}")
     check_choice("optimizer", optimizer, OPTIMIZERS)
     check_int("d (data-parallel ranks)", d)
     check_divisible("batch", config.batch, d, f"d={d} ranks share its sequences")
@@ -60,6 +68,7 @@ class StageRun:
     phases: list[Phase] = field(default_factory=list)   # forward, backward, optimizer step
     comm: dict[str, int] = field(default_factory=dict)  # bytes handed per op, last step
     step_s: list[float] = field(default_factory=list)   # the steps before the measured one
+    precision: MixedPrecision | None = None
 
     @property
     def comm_bytes(self) -> int:
@@ -71,29 +80,42 @@ class StageRun:
 
 
 def wrap_zero_stage(stage: int, model, group=None, prefetch: bool = False,
-                    optimizer: str = "adamw"):
+                    optimizer: str = "adamw", precision: MixedPrecision | None = None):
     """The model under `stage`, owning its optimizer (one of helpers.optimizers.OPTIMIZERS):
-    ZeroDP for 0-2, FSDP for 3."""
+    ZeroDP for 0-2, FSDP for 3 (in mixed precision when `precision` is given)."""
     cls, kwargs = optimizer_spec(optimizer, SETTING)
     if stage == 3:
-        return FSDP(model, optimizer_cls=cls, prefetch=prefetch, group=group, **kwargs)
+        return FSDP(model, optimizer_cls=cls, prefetch=prefetch, group=group,
+                    precision=precision, **kwargs)
     return ZeroDP(model, stage, cls, group=group, **kwargs)
+
+
+def held_state(model) -> ZeroMemory:
+    """What the wrapped model keeps between steps, by the formula's three terms: in mixed
+    precision the compute-dtype shards are the parameters, the fp32 masters go with the
+    optimizer state, and the gradients are the reduced shards."""
+    if getattr(model, "precision", None) is not None:
+        return state_bytes(model.compute_shards, model.optimizer,
+                           masters=list(model.parameters()), grads=model.gradient_shards)
+    return state_bytes(model.parameters(), model.optimizer)
 
 
 def train_stage(rank: int, world_size: int, stage: int, steps: int = 3,
                 config: TransformerConfig = SMALL, prefetch: bool = False, measure_last=True,
-                optimizer: str = "adamw", group=None) -> StageRun:
+                optimizer: str = "adamw", group=None,
+                precision: MixedPrecision | None = None) -> StageRun:
     """Rank function: `steps` AdamW steps under `stage` over `group`, the last one measured
     (when `measure_last`): the profiler's allocator records around the whole step, the
     saved-tensor hooks around the forward, the event log (`trace.recording`) around it too."""
     r, d = group_rank(group), group_size(group)
     tokens = make_tokens(config)
     ids, targets = shard(tokens.inputs, r, d), shard(tokens.targets, r, d)
-    model = wrap_zero_stage(stage, make_transformer(config), group, prefetch, optimizer)
-    run = StageRun(stage, d, [], {})
+    model = wrap_zero_stage(stage, make_transformer(config), group, prefetch, optimizer,
+                            precision)
+    run = StageRun(stage, d, [], {}, precision=precision)
     for step in range(steps):
         measured = measure_last and step == steps - 1
-        start = state_bytes(model.parameters(), model.optimizer).total
+        start = held_state(model).total
         saved = SavedActivations()
         dist.barrier(group=group)
         t0 = time.perf_counter()
@@ -109,7 +131,7 @@ def train_stage(rank: int, world_size: int, stage: int, steps: int = 3,
         if not measured:
             run.step_s.append(time.perf_counter() - t0)
         else:
-            run.state = state_bytes(model.parameters(), model.optimizer)
+            run.state = held_state(model)
             run.activations, run.peak_bytes = saved.bytes, peak.bytes
             run.peak_curve, run.phases = peak.curve, peak.phases
             run.comm = trace.bytes_by_op(log)
@@ -121,17 +143,36 @@ def train_stage(rank: int, world_size: int, stage: int, steps: int = 3,
 
 
 def train_reference(steps: int = 3, config: TransformerConfig = SMALL,
-                    optimizer: str = "adamw") -> dict[str, torch.Tensor]:
-    """One process, the whole batch, the plain optimizer: the parameters every stage must reach."""
+                    optimizer: str = "adamw",
+                    precision: MixedPrecision | None = None) -> dict[str, torch.Tensor]:
+    """One process, the whole batch, the plain optimizer: the parameters every stage must
+    reach. With `precision`, each step casts the way FSDP does (`mixed_precision_gradients`)
+    and the optimizer steps the fp32 parameters, the masters."""
     model = make_transformer(config)
     cls, kwargs = optimizer_spec(optimizer, SETTING)
     optimizer = cls(model.parameters(), **kwargs)
     tokens = make_tokens(config)
     for _ in range(steps):
-        lm_loss(model(tokens.inputs), tokens.targets).backward()
+        if precision is None:
+            lm_loss(model(tokens.inputs), tokens.targets).backward()
+        else:
+            grads = mixed_precision_gradients(model, tokens.inputs, tokens.targets, precision)
+            for name, p in model.named_parameters():
+                # through the reduce dtype, as FSDP's reduce-scatter of one rank carries it
+                p.grad = grads[name].to(precision.reduce_dtype).to(p.dtype)
         optimizer.step()
         optimizer.zero_grad()
     return {n: p.detach().clone() for n, p in model.named_parameters()}
+
+
+def mixed_precision_gradients(model, ids: torch.Tensor, targets: torch.Tensor,
+                              precision: MixedPrecision) -> dict[str, torch.Tensor]:
+    """One process casting as FSDP does: a copy of `model` in the compute dtype runs forward
+    and backward, its output cast to the output dtype for the loss; the gradients, by name,
+    in the compute dtype."""
+    low = copy.deepcopy(model).to(precision.compute_dtype)
+    lm_loss(low(ids).to(precision.output_dtype), targets).backward()
+    return {n: p.grad for n, p in low.named_parameters()}
 
 
 @dataclass
@@ -326,4 +367,180 @@ def peak_table(results: list[StageResult], d: int) -> str:
             f"{_mb(forward.end_bytes):>10} |{forward.peak_bytes / 1e6 - forward.end_bytes / 1e6:7.3f}"
             f"{_mb(logits)} |{(backward.peak_bytes - forward.end_bytes) / 1e6:7.3f}"
             f"{_mb(grads)}{unit / 1e6 if res.stage == 3 else 0:7.3f} |{_mb(run.peak_bytes)}")
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------------------
+# Mixed precision at d > 1: the averaged gradient against its exact value.
+# ----------------------------------------------------------------------------------------
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """torch.bfloat16 → "bfloat16", the name helpers.cost.memory's tables use."""
+    return str(dtype).removeprefix("torch.")
+
+
+def mixed_formula(psi: float, d: int, precision: MixedPrecision) -> ZeroMemory:
+    """ZeRO-3's bytes per rank with `precision`'s dtypes (fp32 masters): (2 + 2 + 12)Ψ/d in
+    bf16, (2 + 4 + 12)Ψ/d when the gradients are reduced in fp32."""
+    return zero_memory_per_rank(psi, d, 3, *mixed_precision_bytes(
+        dtype_name(precision.compute_dtype), dtype_name(precision.reduce_dtype)))
+
+
+def fsdp_gradients(rank: int, world_size: int, precision: MixedPrecision | None,
+                   config: TransformerConfig = SMALL, group=None) -> dict[str, torch.Tensor] | None:
+    """Rank function: one forward and backward of FSDP on this rank's 1/d of the batch; the
+    averaged gradient whole, from group rank 0 (None from the others). One thread, as the
+    reference slices are computed: a matmul split over another number of threads may sum in
+    another order, and a bf16 result can then round the other way."""
+    r, d = group_rank(group), group_size(group)
+    tokens = make_tokens(config)
+    model = FSDP(make_transformer(config), group=group, precision=precision)
+    with intra_op_threads(1):
+        lm_loss(model(shard(tokens.inputs, r, d)), shard(tokens.targets, r, d)).backward()
+    model.finish_gradient_synchronization()
+    grads = model.full_gradients()
+    return grads if r == 0 else None
+
+
+@dataclass(frozen=True)
+class GradientCheck:
+    """FSDP's averaged gradient ĝ at data degree d against g = (1/d)·Σ_r g_r, the mean (in
+    float64) of what one process casting the same way computes on each rank's slice."""
+    d: int
+    precision: MixedPrecision
+    tolerance: float        # τ of cost.reduction_tolerance: |ĝ − g| ≤ τ·(1/d)·Σ_r|g_r|
+    worst: float            # max over elements of |ĝ − g| / (τ·(1/d)·Σ_r|g_r|): ≤ 1 holds
+    reduction_error: float  # max |ĝ − g| / max |g|: what the reduction rounded
+    compute_error: float    # max |g − g₃₂| / max |g₃₂|, g₃₂ the fp32 gradient: what bf16 costs
+
+    @property
+    def holds(self) -> bool:
+        return self.worst <= 1
+
+
+def check_mixed_gradients(ranks, d: int, precision: MixedPrecision,
+                          config: TransformerConfig = SMALL) -> GradientCheck:
+    """fsdp_gradients on `ranks` (resized to d) against the derived bound, every element."""
+    check_run(3, d, config, precision=precision)
+    got = ranks.resize(d).run(fsdp_gradients, precision, config)[0]
+    return compare_gradients(got, d, precision, config)
+
+
+def compare_gradients(got: dict[str, torch.Tensor], d: int, precision: MixedPrecision,
+                      config: TransformerConfig = SMALL) -> GradientCheck:
+    """FSDP's averaged gradient `got` (fsdp_gradients at d) against the mean of one process
+    casting the same way on each rank's slice, and against the fp32 gradient."""
+    tokens = make_tokens(config)
+    model = make_transformer(config)
+    with intra_op_threads(1):
+        slices = [mixed_precision_gradients(model, shard(tokens.inputs, r, d),
+                                            shard(tokens.targets, r, d), precision)
+                  for r in range(d)]
+    lm_loss(model(tokens.inputs), tokens.targets).backward()
+    fp32 = {n: p.grad.double() for n, p in model.named_parameters()}
+    tau = reduction_tolerance(d, dtype_name(precision.reduce_dtype))
+    worst = reduction = compute = top = top32 = 0.0
+    for name, g32 in fp32.items():
+        parts = torch.stack([s[name].double() for s in slices])
+        exact, scale = parts.sum(0) / d, parts.abs().sum(0) / d
+        error = (got[name].double() - exact).abs()
+        # where every g_r is 0 the bound is 0 and so must the error be
+        ratio = torch.where(error == 0, torch.zeros_like(error), error / (tau * scale))
+        worst = max(worst, ratio.max().item())
+        reduction = max(reduction, error.max().item())
+        compute = max(compute, (exact - g32).abs().max().item())
+        top, top32 = max(top, exact.abs().max().item()), max(top32, g32.abs().max().item())
+    return GradientCheck(d, precision, tau, worst, reduction / top, compute / top32)
+
+
+# ----------------------------------------------------------------------------------------
+# Mixed precision in the parent: runs at several d, and their tables.
+# ----------------------------------------------------------------------------------------
+
+def precision_label(precision: MixedPrecision) -> str:
+    """"bf16, reduce fp32": the compute dtype and the reduce dtype, short."""
+    short = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32",
+             torch.float64: "fp64"}
+    return f"{short[precision.compute_dtype]}, reduce {short[precision.reduce_dtype]}"
+
+
+@dataclass
+class MixedResult:
+    """One (precision, d) run of FSDP in mixed precision: every rank's StageRun."""
+    precision: MixedPrecision
+    d: int
+    config: TransformerConfig
+    ranks: list[StageRun] = field(repr=False)
+    bit_identical: bool      # every rank's masters torch.equal one process casting the same way
+    gradients: GradientCheck | None = None   # the first step's gradient (d > 1)
+
+    @property
+    def run(self) -> StageRun:
+        return self.ranks[0]
+
+    def formula(self) -> ZeroMemory:
+        return mixed_formula(self.config.parameters, self.d, self.precision)
+
+    def formula_comm(self) -> dict[str, float]:
+        """What FSDP hands to each collective per step: the weights twice in the compute
+        dtype, the gradients once in the reduce dtype (Ψ values each)."""
+        compute, reduce, _ = mixed_precision_bytes(dtype_name(self.precision.compute_dtype),
+                                                   dtype_name(self.precision.reduce_dtype))
+        psi = self.config.parameters
+        return {"all_gather": 2 * compute * psi, "reduce_scatter": reduce * psi}
+
+
+def run_mixed(ranks, precisions, degrees=(4, 2, 1), steps: int = 3,
+              config: TransformerConfig = SMALL) -> list[MixedResult]:
+    """train_stage (stage 3, each precision) on `ranks` resized to each d in turn (the order
+    given: growing the ranks starts processes, shrinking them does not), each rank's masters
+    compared with train_reference casting the same way; at d > 1 also fsdp_gradients, checked
+    by compare_gradients."""
+    for d in degrees:
+        for precision in precisions:
+            check_run(3, d, config, steps, precision=precision)
+    references = [train_reference(steps, config, precision=p) for p in precisions]
+    results = []
+    for d in degrees:
+        ranks.resize(d)
+        for precision, reference in zip(precisions, references):
+            runs = ranks.run(train_stage, 3, steps, config, precision=precision)
+            same = all(torch.equal(run.params[n], ref) for run in runs
+                       for n, ref in reference.items())
+            check = None
+            if d > 1:
+                got = ranks.run(fsdp_gradients, precision, config)[0]
+                check = compare_gradients(got, d, precision, config)
+            results.append(MixedResult(precision, d, config, runs, same, check))
+    return results
+
+
+def mixed_memory_table(results: list[MixedResult]) -> str:
+    """Measured state per rank (rank 0, MB) against mixed_formula, term by term, and the
+    bytes handed to the collectives in units of Ψ bytes against the formula's."""
+    lines = [f"{'precision':<18}{'d':>2} |{'params':>8}{'grads':>8}{'optim':>8}{'total':>8} |"
+             f"{'formula':>8}{'error':>8} | {'handed to the collectives, Ψ bytes':<36}",
+             f"{'':<20} | {'measured, MB':^31} | {'MB':^15} | "
+             f"{'all-gather, reduce-scatter (formula)':<36}"]
+    for res in sorted(results, key=lambda r: (precision_label(r.precision), r.d)):
+        s, f, psi = res.run.state, res.formula(), res.config.parameters
+        comm, formula_comm = res.run.comm, res.formula_comm()
+        handed = ", ".join(f"{comm.get(op, 0) / psi:.3f} ({formula_comm[op] / psi:g})"
+                           for op in ("all_gather", "reduce_scatter"))
+        lines.append(f"{precision_label(res.precision):<18}{res.d:>2} |{s.params / 1e6:8.3f}"
+                     f"{s.grads / 1e6:8.3f}{s.optimizer / 1e6:8.3f}{s.total / 1e6:8.3f} |"
+                     f"{f.total / 1e6:8.3f}{rel_error(s.total, f.total):+8.3%} | "
+                     f"{handed if res.d > 1 else 'none at d = 1':<36}")
+    return "\n".join(lines)
+
+
+def gradient_table(checks: list[GradientCheck]) -> str:
+    """One line per GradientCheck: τ, the worst element's share of its bound, and the two
+    errors relative to the largest gradient."""
+    lines = [f"{'precision':<18}{'d':>2} |{'τ':>10}{'worst / bound':>15} |"
+             f"{'reduction':>11}{'bf16 compute':>14}",
+             f"{'':<20} |{'':>25} | {'error, share of max |g|':^24}"]
+    for c in checks:
+        lines.append(f"{precision_label(c.precision):<18}{c.d:>2} |{c.tolerance:10.2e}"
+                     f"{c.worst:15.3f} |{c.reduction_error:11.2e}{c.compute_error:14.2e}")
     return "\n".join(lines)
