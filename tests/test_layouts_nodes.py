@@ -10,9 +10,10 @@ from types import SimpleNamespace
 import pytest
 
 from helpers.cost.alpha_beta import Fit
-from helpers.cost.parallel3d import (BYTES_PER_FLOAT, LAYOUTS_4, Breakdown, Calibration, Comparison, activation_bytes,
-                                     cluster_summary, plan_calibration, predict, shapes_used,
-                                     stage_parameters, stages_used)
+from helpers.cost.parallel3d import (BYTES_PER_FLOAT, LAYOUTS_4, Breakdown, Calibration,
+                                     Comparison, activation_bytes, cluster_summary, placed_table,
+                                     plan_calibration, predict, shapes_used, stage_parameters,
+                                     stages_used)
 from helpers.hardware import NetworkLevel
 from helpers.launch import cluster
 from helpers.layout import (Groups, Layout, Split, blocks_on, check_placement, crossing_hops,
@@ -204,6 +205,14 @@ def test_cluster_summary_orders_ratio_and_fastest():
     assert (row["placement"], row["nodes"], row["step_s"]) == ("tp across · dp inside", ALTERNATE, 2.0)
     with pytest.raises(ValueError, match="each predicted with a placement"):
         cluster_summary([Comparison(a, rows[0].measured, predict(a, TINY, _calibration([a])))])
+
+
+def test_the_placed_table_names_each_ranks_node_and_the_bytes_across():
+    lay = Layout(2, 2, 1)
+    rows = [_comparison(lay, CONSECUTIVE, 0.1, 0.12), _comparison(lay, ALTERNATE, 0.2, 0.22)]
+    lines = placed_table(rows, {(lay, CONSECUTIVE): 1e6, (lay, ALTERNATE): 1.7e7}).splitlines()
+    assert "0011" in lines[1] and "tp inside · dp across" in lines[1] and "+20%" in lines[1]
+    assert "0101" in lines[2] and "tp across · dp inside" in lines[2] and lines[2].endswith("17.00")
 
 
 # -- live: two emulated nodes -------------------------------------------------------------------

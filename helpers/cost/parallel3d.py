@@ -578,17 +578,19 @@ def cluster_summary(comparisons: Iterable[Comparison]) -> ClusterSummary:
 
 def placed_table(comparisons: Iterable[Comparison], wire_bytes: Mapping | None = None) -> str:
     """Measured against predicted per (layout, placement), times in ms: the node of each rank,
-    where the groups lie, the step and its TP, pipeline and DP parts; with `wire_bytes`
-    ((layout, nodes) → bytes per step that crossed the link), those too."""
-    lines = [f"{'d·t·p':>6} {'m':>2} {'nodes':>8}  {'groups':<22}| {'measured':>9} "
-             f"{'predicted':>9} {'error':>6} | {'TP comm':>11} {'bubble+p2p':>11} "
-             f"{'DP comm':>11}" + (" | link MB/step" if wire_bytes is not None else "")]
+    where the groups lie, the step and its compute, TP, pipeline and DP parts (measured /
+    predicted); with `wire_bytes` ((layout, nodes) → bytes per step that crossed the link),
+    those too."""
+    lines = [f"{'d·t·p':>6} {'m':>2} {'nodes':>6}  {'groups':<22}| {'measured':>9} "
+             f"{'predicted':>9} {'error':>6} | {'compute':>9} {'TP comm':>9} {'bubble+p2p':>10} "
+             f"{'DP comm':>9}" + (" | link MB/step" if wire_bytes is not None else "")]
     for c in comparisons:
         lay, nodes, ms = c.layout, c.predicted.placement, lambda s: f"{1e3 * s:.0f}"
-        parts = " ".join(f"{ms(getattr(c.measured, k)) + '/' + ms(getattr(c.predicted.breakdown, k)):>11}"
-                         for k in ("tp_comm_s", "bubble_p2p_s", "dp_comm_s"))
+        parts = " ".join(f"{ms(getattr(c.measured, k)) + '/' + ms(getattr(c.predicted.breakdown, k)):>{w}}"
+                         for k, w in (("compute_s", 9), ("tp_comm_s", 9), ("bubble_p2p_s", 10),
+                                      ("dp_comm_s", 9)))
         wire = (f" | {wire_bytes[(lay, nodes)] / 1e6:>7.2f}" if wire_bytes is not None else "")
-        lines.append(f"{lay.d}·{lay.t}·{lay.p:<2} {lay.m:>2} {''.join(map(str, nodes)):>8}  "
+        lines.append(f"{lay.d}·{lay.t}·{lay.p:<2} {lay.m:>2} {''.join(map(str, nodes)):>6}  "
                      f"{placement_name(lay, nodes):<22}| {ms(c.step_s):>6} ms {ms(c.predicted_s):>6} ms "
                      f"{c.rel_error:>+6.0%} | {parts}{wire}")
     return "\n".join(lines)
