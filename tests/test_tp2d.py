@@ -83,19 +83,43 @@ def test_a_grid_that_does_not_split_the_widths_is_named_before_any_rank_runs():
 
 @pytest.mark.skipif(MISSING is not None, reason=f"{MISSING}")
 def test_bytes_on_the_link_are_the_models_plus_headers():
-    """TP_model inside each node, TP_ff across: only TP_ff's all-reduces cross the link, each
-    byte once. Then the other way round, 4× the bytes (h_ff/TP_ff = 4 · h/TP_model at 2 × 2).
-    Headers and TCP acknowledgements add about 5 %, the groups' connections some 25 kB (so the
-    step must cross MBs for the 3–8 % to hold)."""
+    """Ranks 0, 2 on one node and 1, 3 on the other: every TP_model group crosses the link and
+    no TP_ff group does, so the link carries TP_model's all-reduces, each byte once, and
+    nothing of TP_ff's (whose bytes would miss or exceed the bound by 25 %). Headers and TCP
+    acknowledgements add about 5 %, the groups' connections some 25 kB (so the step must
+    cross MBs for the 3–8 % to hold). One placement: each costs a start of four ranks."""
     grid, config = Grid2D(2, 2), CONFIG.with_(batch=512, hidden=256)
     with LiveRanks(4, nodes=2, link_bps=1e9) as live:
-        ff_across = tp_lab.run_on_nodes_2d(live, grid, (0, 0, 1, 1), config)
-        model_across = tp_lab.run_on_nodes_2d(live, grid, (0, 1, 0, 1), config)
+        run = tp_lab.run_on_nodes_2d(live, grid, (0, 1, 0, 1), config)
         assert live.cluster.drops() == 0
-    by_group = tp_cost.formula_bytes_2d_by_group(grid, config)
-    assert ff_across.formula_bytes == 4 * by_group["TP_ff"]
-    assert model_across.formula_bytes == 4 * by_group["TP_model"]
-    for run in (ff_across, model_across):
-        assert 0.03 <= run.overhead <= 0.08, run
-        torch.testing.assert_close(tp_lab.assemble_2d(run.results, grid).output,
-                                   tp_lab.reference_step_2d(config).output)
+    assert (run.tp_model, run.tp_ff) == ((1, 2), (2, 1))
+    assert run.formula_bytes == 4 * tp_cost.formula_bytes_2d_by_group(grid, config)["TP_model"]
+    assert 0.03 <= run.overhead <= 0.08, run
+    torch.testing.assert_close(tp_lab.assemble_2d(run.results, grid).output,
+                               tp_lab.reference_step_2d(config).output)
+
+
+def test_megatrons_layout_is_the_grid_that_does_not_cut_h():
+    """TP_model = 1: `up` column-parallel, `down` row-parallel, one all-reduce of h words per
+    layer and pass: notebook 04's Megatron bytes for the same number of matrices."""
+    for t in (2, 4, 8):
+        assert tp_cost.formula_bytes_2d(Grid2D(1, t), CONFIG) == tp_cost.formula_bytes(
+            "megatron", t, CONFIG.with_(layers=2 * CONFIG.layers))
+
+
+def test_the_grids_and_the_ones_the_search_tries():
+    assert tp_cost.grids_2d(4, CONFIG) == [Grid2D(1, 4), Grid2D(2, 2), Grid2D(4, 1)]
+    wide = CONFIG.with_(hidden=16384)
+    # The GTX 580 answer's TP 512 is 16 × 32 (notebook 06): one of the two the search tries.
+    assert tp_cost.searched_grids_2d(512, wide) == [Grid2D(8, 64), Grid2D(16, 32)]
+    # Per rank, the 2-D cut sends more than Megatron's at 4 ranks and less from 16 on.
+    for t, fewer in ((4, False), (16, True), (64, True), (1024, True)):
+        best = min(tp_cost.formula_bytes_2d(g, wide) for g in tp_cost.searched_grids_2d(t, wide))
+        assert (best < tp_cost.formula_bytes_2d(Grid2D(1, t), wide)) is fewer, t
+
+
+def test_communication_over_compute_falls_as_the_width_grows():
+    grid = Grid2D(2, 8)
+    ratios = [tp_cost.comm_over_compute_2d(grid, CONFIG.with_(hidden=h), 50e9, 1e15)
+              for h in (1024, 2048, 4096)]
+    assert ratios[0] == pytest.approx(2 * ratios[1]) == pytest.approx(4 * ratios[2])

@@ -401,3 +401,33 @@ def formula_bytes_2d_by_group(grid: Grid2D, config: MLPConfig = LECTURE,
                                      bytes_per_element)
     return {name: nbytes for name, nbytes, size in
             (("TP_model", by_model, grid.tp_model), ("TP_ff", by_ff, grid.tp_ff)) if size > 1}
+
+
+def grids_2d(t: int, config: MLPConfig = LECTURE) -> list[Grid2D]:
+    """Every TP_model × TP_ff = t that splits h and h_ff, TP_model ascending. TP_model = 1 is
+    Megatron's layout (`up` column-parallel, `down` row-parallel, h words all-reduced)."""
+    check_int("t", t)
+    return [Grid2D(m, t // m) for m in range(1, t + 1)
+            if t % m == 0 and config.hidden % m == 0 and FF_FACTOR * config.hidden % (t // m) == 0]
+
+
+def searched_grids_2d(t: int, config: MLPConfig = LECTURE) -> list[Grid2D]:
+    """The grids notebook 06's search tries: r ≤ TP_ff ≤ 4r with r = ⌊√t⌋, as
+    `helpers.simulator.reference.best_plan` writes it (docs/cost_model.md §6)."""
+    r = math.isqrt(t)
+    return [g for g in grids_2d(t, config) if r <= g.tp_ff <= 4 * r]
+
+
+def step_flops_2d(t: int, config: MLPConfig = LECTURE) -> float:
+    """FLOP of one rank's matmuls in a step: 2 matrices of h × h_ff per layer, 2 FLOP per
+    multiply-add forward and 4 backward, shared by t ranks however they are cut."""
+    return 12 * config.batch * config.hidden * FF_FACTOR * config.hidden * config.layers / t
+
+
+def comm_over_compute_2d(grid: Grid2D, config: MLPConfig, link_Bps: float, flops: float,
+                         bytes_per_element: int = 2) -> float:
+    """How long a rank's all-reduces take over one link (bytes per direction per second) next
+    to how long its matmuls take at `flops`: below 1 the traffic can hide behind the matmuls
+    (the model overlaps them), above 1 it sets the step. b cancels out; h does not."""
+    comm = formula_bytes_2d(grid, config, bytes_per_element) / link_Bps
+    return comm / (step_flops_2d(grid.world_size, config) / flops)

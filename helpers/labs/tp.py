@@ -20,6 +20,7 @@ from helpers.checks import check_choice, check_int
 from helpers.configs import LECTURE, MLPConfig, TransformerConfig
 from helpers.cost.tp import (Grid2D, check_config, formula_activation_bytes, formula_bytes,
                              formula_collectives, kind_of, model_bytes_2d, split_on_nodes)
+from helpers.launch import cluster
 from helpers.launch.host import intra_op_threads
 from helpers.models import FeedForward, make_batch, make_mlp, mlp_loss
 from helpers.parallel.groups import group_rank, group_size, rank_device, split_groups
@@ -533,3 +534,16 @@ def run_on_nodes_2d(ranks, grid: Grid2D, placement: tuple[int, ...],
 
 def build_groups_only(rank: int, world_size: int, grid: Grid2D) -> None:
     build_groups(grid)
+
+
+def run_across_nodes_2d(grid: Grid2D, config: MLPConfig = LECTURE, link_bps: float = 1e9,
+                        placements=((0, 0, 1, 1), (0, 1, 0, 1))) -> tuple[list[OnTheWire], str | None]:
+    """`run_on_nodes_2d` for each placement on two emulated nodes of its own; ([], why) where
+    they cannot be made here (not root, no iproute2, not Linux)."""
+    from helpers.ranks import LiveRanks  # only here: every rank imports this module, and needs none
+
+    missing = cluster.missing()
+    if missing:
+        return [], missing
+    with LiveRanks(grid.world_size, nodes=2, link_bps=link_bps) as ranks:
+        return [run_on_nodes_2d(ranks, grid, p, config) for p in placements], None
