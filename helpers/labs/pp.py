@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -133,6 +134,36 @@ def _wait(seconds: float) -> None:
     deadline = time.perf_counter() + seconds
     while (left := deadline - time.perf_counter()) > 0:
         time.sleep(left)
+
+
+class SplitCheck(NamedTuple):
+    """`split_backward_check`'s findings, each True when the split matches the whole backward."""
+    input_grads_equal: bool    # every micro-batch's B gave backward()'s input gradient
+    weights_untouched_by_b: bool  # no weight had a gradient after the Bs
+    weight_grads_equal: bool   # after the Ws, every weight's gradient is backward()'s
+
+
+def split_backward_check(config: MLPConfig = LECTURE, first: int = 1, last: int = 3,
+                         m: int = 4) -> SplitCheck:
+    """Layers [first, last) of the MLP as a stage, m micro-batches of the batch, one process:
+    `backward()` on one copy, B for every micro-batch then W for every one on another (the
+    schedules' order: W after all its micro-batch's B, oldest first), compared bit for bit."""
+    whole, split = (mlp_layers(make_mlp(config), first, last) for _ in range(2))
+    grad_out = torch.randn(config.batch // m, config.hidden,
+                           generator=torch.Generator().manual_seed(config.seed + 2))
+    inputs_equal, owed = True, []
+    for x in make_batch(config).chunk(m):
+        a, b = x.clone().requires_grad_(), x.clone().requires_grad_()
+        whole(a).backward(grad_out)
+        grad_in, work = backward_input(record_forward(split, b, b), grad_out)
+        inputs_equal &= torch.equal(grad_in, a.grad)
+        owed.append(work)
+    untouched = all(p.grad is None for p in split.parameters())
+    for work in owed:
+        backward_weight(work)
+    weights_equal = all(torch.equal(mine.grad, theirs.grad)
+                        for mine, theirs in zip(split.parameters(), whole.parameters()))
+    return SplitCheck(inputs_equal, untouched, weights_equal)
 
 
 @dataclass
