@@ -1,5 +1,6 @@
 """The same rank functions under torchrun (env:// rendezvous), 2 CPU ranks, loopback only."""
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -23,6 +24,10 @@ def test_allreduce_demo_under_torchrun():
     # rank r holds [0,1,2,3] + r: the sum over 2 ranks is [1, 3, 5, 7]; rank 1 keeps [5, 7]
     assert any(line.startswith("  rank 1: ") and "'reduce_scatter': [5.0, 7.0]" in line
                and "'all_reduce': [1.0, 3.0, 5.0, 7.0]" in line for line in lines), done.stdout
+    # one machine: both ranks in one network namespace (the wrapper's private one), their
+    # transports pinned to loopback
+    network = next(line for line in lines if line.startswith("  network: "))
+    assert re.fullmatch(r"  network: ranks 0 1 in namespace \d+ at 127\.0\.0\.1", network), network
 
 
 def test_helpers_run_refuses_to_start_outside_torchrun():

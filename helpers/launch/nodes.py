@@ -164,7 +164,8 @@ class _Relay:
 
 
 # The rendezvous store, a process of its own on node 0 (see the module's docstring): it says
-# "ready" once it listens, and ends when the launcher closes its stdin.
+# "ready" once it listens, and ends when the launcher closes its stdin. Its last argument, the
+# run's id, is unused: it names the run the store serves in `ps`, as the agents' --rdzv-id does.
 _STORE = ("import sys\n"
           "from torch.distributed import TCPStore\n"
           "store = TCPStore(sys.argv[1], int(sys.argv[2]), is_master=True,\n"
@@ -178,8 +179,8 @@ STORE_S = 120.0
 class _Agents:
     """The store and the agents: started into their nodes, their output relayed, ended."""
 
-    def __init__(self, cluster: emulated.EmulatedCluster, out):
-        self.cluster, self.out = cluster, out
+    def __init__(self, cluster: emulated.EmulatedCluster, run_id: str, out):
+        self.cluster, self.run_id, self.out = cluster, run_id, out
         self.procs: list[subprocess.Popen] = []  # the agents, node by node
         self.store: subprocess.Popen | None = None
         self.relays: dict = {}                   # a node's index, or "store": its _Relay
@@ -204,14 +205,17 @@ class _Agents:
         node = self.cluster.node(0)
         with _signals_held():
             self.store = self._spawn(0, [sys.executable, "-c", _STORE, node.address,
-                                         str(RDZV_PORT)], env, subprocess.PIPE)
+                                         str(RDZV_PORT), self.run_id], env, subprocess.PIPE)
         why = _await_line(self.store.stdout, "ready", STORE_S)
         if why is not None:
             raise OSError(f"the rendezvous store on node 0 did not start: {why or 'no answer'}")
         self._watch(self.store, "store", "[node 0 store] ")
         return self.store
 
-    def start(self, index: int, command: list[str], env: dict) -> subprocess.Popen:
+    def start(self, index: int, nproc_per_node: int, command: list[str],
+              env: dict) -> subprocess.Popen:
+        """Node `index`'s agent, running `helpers.run COMMAND …` on its ranks."""
+        command = agent_command(self.cluster, index, nproc_per_node, self.run_id, command)
         with _signals_held():
             proc = self._spawn(index, command, env, subprocess.DEVNULL)
             self.procs.append(proc)
@@ -409,14 +413,13 @@ def run_on_nodes(nodes: int, nproc_per_node: int, link_bps: float | None,
             link_bps = _default_link_bps(out)  # before anything of ours exists
         with _signals_held():
             cluster = emulated.EmulatedCluster(nodes, link_bps)
-            agents = _Agents(cluster, out)
+            agents = _Agents(cluster, f"plab{os.getpid()}", out)
         _say(f"{nodes} emulated nodes × {nproc_per_node} ranks, link "
              f"{emulated.format_link(link_bps)}", out)
         env = agent_env(os.environ, nodes * nproc_per_node)
         agents.start_store(env)
         for i in range(nodes):
-            proc = agents.start(i, agent_command(cluster, i, nproc_per_node,
-                                                 f"plab{os.getpid()}", command), env)
+            proc = agents.start(i, nproc_per_node, command, env)
             node = cluster.node(i)
             _say(f"node {i}: torchrun agent pid {proc.pid} in network namespace "
                  f"{node.netns} (inode {netns_inode(proc.pid)}) at {node.address}", out)

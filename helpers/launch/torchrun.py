@@ -44,8 +44,8 @@ DEMOS = {
     "probe": ("probe_backend", "what this backend supports"),
 }
 # What each demo takes from the command line: (fewest, most) arguments, and in words.
-_DEMO_ARGS = {"allreduce": (0, 0, "no arguments"), "collectives": (1, 2, "OP [LENGTH]"),
-              "probe": (0, 0, "no arguments")}
+_DEMO_ARGS = {"allreduce": (0, 0, "none"), "collectives": (1, 2, "OP [LENGTH]"),
+              "probe": (0, 0, "none")}
 _TRAIN3D_OPTIONS = (("--data", "d", "d, the data degree"),
                     ("--tensor", "t", "t, the tensor degree"),
                     ("--pipeline", "p", "p, the pipeline stages"),
@@ -168,6 +168,10 @@ def _run_demo(demo: str, args: list) -> None:
             print(f"{demo} on {world_size} ranks ({dist.get_backend()}):")
             for r, value in enumerate(gathered):
                 print(f"  rank {r}: {value}")
+            if demo == "collectives":  # a long tensor prints cut short: say what was checked
+                from helpers.labs.collectives import expected, mismatch
+                problem = mismatch(gathered, expected(args[0], world_size, *args[1:]))
+                print(f"  against expected(): {problem or 'equal on every rank'}")
             print(where)
         dist.barrier()
 
