@@ -192,6 +192,7 @@ def test_cluster_summary_orders_ratio_and_fastest():
             _comparison(Layout(4, 1, 1), CONSECUTIVE, 3.0, 3.0)]
     s = cluster_summary(rows)
     assert s.orders == {"2·2·1": True, "2·1·2": False}
+    assert s.gaps == pytest.approx({"2·2·1": 1.0, "2·1·2": 1.5 / 1.4 - 1})
     assert s.tp_across_over_inside == pytest.approx(2.0) and s.tp_ratios == {"2·2·1": 2.0}
     assert s.best_predicted_slower == 0.0
     assert s.best_measured == "2·2·1 tp inside · dp across"

@@ -522,7 +522,8 @@ class ClusterSummary:
     predicted ("d·t·p tp inside · dp across") and how much slower the predicted fastest
     measured than the fastest (`best_predicted_slower`: 0 when they are the same); for each
     (d, t, p) measured in two placements, whether the model orders them as measured
-    (`orders`: "d·t·p" → bool); for each with t > 1, the step with TP across the link over the
+    (`orders`: "d·t·p" → bool) and how far apart their measured steps are (`gaps`: the slower
+    over the faster, minus 1: an order inside the noise says little); for each with t > 1, the step with TP across the link over the
     step with TP inside a node (`tp_ratios`), and `tp_across_over_inside`, the smallest."""
     results: tuple[PlacedResult, ...]
     median_rel_error: float
@@ -531,6 +532,7 @@ class ClusterSummary:
     best_predicted: str
     best_predicted_slower: float
     orders: dict
+    gaps: dict
     tp_ratios: dict
     tp_across_over_inside: float | None
 
@@ -551,12 +553,13 @@ def cluster_summary(comparisons: Iterable[Comparison]) -> ClusterSummary:
     by_mesh: dict = {}
     for c in rows:
         by_mesh.setdefault((c.layout.d, c.layout.t, c.layout.p), []).append(c)
-    orders, ratios = {}, {}
+    orders, gaps, ratios = {}, {}, {}
     for (d, t, p), pair in by_mesh.items():
         if len(pair) != 2:
             continue
         a, b = pair
         orders[f"{d}·{t}·{p}"] = (a.step_s < b.step_s) == (a.predicted_s < b.predicted_s)
+        gaps[f"{d}·{t}·{p}"] = max(a.step_s, b.step_s) / min(a.step_s, b.step_s) - 1
         if t > 1:
             inside = [c for c in pair if not splits(c.layout, c.predicted.placement).tp.crosses]
             across = [c for c in pair if splits(c.layout, c.predicted.placement).tp.crosses]
@@ -572,7 +575,7 @@ def cluster_summary(comparisons: Iterable[Comparison]) -> ClusterSummary:
                       for c in rows),
         median_rel_error=statistics.median(errors), max_rel_error=max(errors),
         best_measured=_name(fastest), best_predicted=_name(picked),
-        best_predicted_slower=picked.step_s / fastest.step_s - 1, orders=orders,
+        best_predicted_slower=picked.step_s / fastest.step_s - 1, orders=orders, gaps=gaps,
         tp_ratios=ratios, tp_across_over_inside=min(ratios.values()) if ratios else None)
 
 
