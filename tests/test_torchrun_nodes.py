@@ -156,10 +156,8 @@ def _wait_for(what, seconds: float = 120):
 def test_an_interrupted_run_leaves_nothing_behind(signum, when):
     proc = launch("--nodes", "2", *LINK, "train3d", "--pipeline", "2", "--steps", "1000")
     run_id = f"plab{proc.pid}"
-    if when == "ranks running":  # a rank carries torchrun's run id in its environment
-        _wait_for(lambda: [pid for pid in processes_of(run_id)
-                           if b"torch.distributed.run" not in _cmdline(pid)
-                           and b"TCPStore" not in _cmdline(pid)])
+    if when == "ranks running":
+        _wait_for(lambda: _ranks(run_id))
     else:
         _wait_for(lambda: [pid for pid in processes_of(run_id)
                            if b"torch.distributed.run" in _cmdline(pid)])
@@ -171,6 +169,29 @@ def test_an_interrupted_run_leaves_nothing_behind(signum, when):
                                             "nodes removed")
     assert "Traceback" not in out + err
     assert_nothing_left(proc.pid)
+
+
+@needs_namespaces
+def test_when_an_agent_dies_the_other_is_stopped_and_the_orphaned_rank_killed():
+    proc = launch("--nodes", "2", *LINK, "train3d", "--pipeline", "2", "--steps", "1000")
+    run_id = f"plab{proc.pid}"
+    _wait_for(lambda: _ranks(run_id))
+    agent_1 = _wait_for(lambda: [pid for pid in processes_of(run_id)
+                                 if b"--local-addr=198.18.0.2" in _cmdline(pid)])[0]
+    os.kill(agent_1, signal.SIGKILL)  # its rank, in a session of its own, trains on with rank 0
+    status, out, err = finish(proc, timeout=120)  # 1000 steps would take minutes
+    assert status == 128 + signal.SIGKILL
+    assert ("python -m helpers.run: node 1's torchrun was killed by SIGKILL; stopping node 0's"
+            in out.splitlines()), out
+    assert err.strip().splitlines()[-1] == "python -m helpers.run: torchrun failed with status 137"
+    assert "Traceback" not in out + err
+    assert_nothing_left(proc.pid)
+
+
+def _ranks(run_id: str) -> list[int]:
+    """The run's ranks: torchrun's run id in their environment; not an agent, not the store."""
+    return [pid for pid in processes_of(run_id)
+            if b"torch.distributed.run" not in _cmdline(pid) and b"TCPStore" not in _cmdline(pid)]
 
 
 def _cmdline(pid: int) -> bytes:

@@ -270,12 +270,15 @@ class _Agents:
             if deadline is not None and time.monotonic() > deadline:
                 if failed is not None and self.running():
                     others = ", ".join(f"node {i}" for i in self.running())
-                    _say(f"node {failed}'s torchrun ended with status "
-                         f"{self.procs[failed].returncode}; stopping {others}'s", self.out)
+                    _say(f"node {failed}'s torchrun {_ended(self.procs[failed].returncode)}; "
+                         f"stopping {others}'s", self.out)
                 self.stop()
                 break
         failed = self.failed()
-        return 0 if failed is None else self.procs[failed].returncode
+        if failed is None:
+            return 0
+        status = self.procs[failed].returncode
+        return status if status > 0 else 128 - status  # killed by a signal: as a shell says it
 
     def stop(self) -> None:
         """End the agents, the store and every process inside the nodes, within about
@@ -343,6 +346,12 @@ def _enter(netns_path: str) -> None:
     node's namespace."""
     signal.pthread_sigmask(signal.SIG_SETMASK, [])
     emulated.join(netns_path)
+
+
+def _ended(returncode: int) -> str:
+    if returncode < 0:
+        return f"was killed by {signal.Signals(-returncode).name}"
+    return f"ended with status {returncode}"
 
 
 def _say(text: str, out) -> None:
