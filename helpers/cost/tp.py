@@ -5,6 +5,10 @@ plus the layout's collectives, priced by the α–β model of notebook 02 (`help
 on the link a ring of t ranks crosses: NVLink inside a node, InfiniBand beyond, or this
 machine's fitted α, β. Nothing is overlapped, so the sum is an upper bound of what a real step
 hides. Pure arithmetic: no torch, no processes.
+
+The last section is notebook 06's model's 2-D layout (TP_model × TP_ff): which ranks share which
+slice (`Grid2D`), the bytes the model charges per rank and network level (`model_bytes_2d`, from
+the simulator's own `tp_comm`), and those bytes' time over a link against the matmuls'.
 """
 from __future__ import annotations
 
