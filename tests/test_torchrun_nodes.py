@@ -210,7 +210,8 @@ def _cmdline(pid: int) -> bytes:
      "--link-mbit must be >= 1 and <= 100000 Mbit/s, got 0.5"),
     (("--link-mbit", "500", "allreduce"), "--link-mbit needs --nodes N"),
     (("--nodes", "2", "--nproc-per-node", "2", "train3d", "--data", "2"),
-     "--data · --tensor · --pipeline must be --nodes · --nproc-per-node = 4 ranks, got 2·1·1 = 2"),
+     "--data · --tensor · --pipeline must be --nodes · --nproc-per-node = 4 ranks, "
+     "got 2·1·1 = 2"),
     (("--nodes", "2", "allreduce", "extra"), "allreduce's arguments must be none, got extra"),
 ])
 def test_a_bad_command_line_is_one_line_before_anything_is_made(args, message):
@@ -231,3 +232,12 @@ def test_a_machine_without_namespaces_is_one_line_and_status_3(monkeypatch, caps
     assert captured.err == ("python -m helpers.run: cannot emulate nodes here: emulated nodes "
                             "need root (test)\n")
     assert namespaces_of(os.getpid()) == []
+
+
+def test_nodes_is_refused_inside_a_torchrun_job():
+    env = dict(os.environ, RANK="0", LOCAL_RANK="0")
+    done = subprocess.run([sys.executable, "-m", "helpers.run", "--nodes", "2", "allreduce"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr == ("python -m helpers.run: error: --nodes starts torchrun itself: leave it "
+                           "out of a command torchrun runs\n")

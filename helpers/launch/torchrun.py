@@ -31,7 +31,7 @@ import sys
 
 from helpers.checks import check_int, check_number
 from helpers.launch import cluster as emulated
-from helpers.launch.host import pin_transports
+from helpers.launch.host import max_cpu_world_size, pin_transports
 
 # torch is imported where a rank needs it, not here: `--nodes` runs this module in a launcher
 # that only checks its arguments and starts torchrun, and should answer a bad one at once.
@@ -133,8 +133,8 @@ def _where_ranks_ran(rank: int, world_size: int) -> str | None:
     for where in gathered:
         nodes.setdefault((where.netns_inode, where.address), []).append(where.rank)
     return "  network: " + " · ".join(
-        f"rank{'s' * (len(ranks) > 1)} {' '.join(map(str, ranks))} in namespace {inode} at {address}"
-        for (inode, address), ranks in nodes.items())
+        f"rank{'s' * (len(ranks) > 1)} {' '.join(map(str, ranks))} in namespace {inode} "
+        f"at {address}" for (inode, address), ranks in nodes.items())
 
 
 def _demo_function(demo: str):
@@ -240,15 +240,16 @@ def _parser() -> argparse.ArgumentParser:
 
 def _check_nodes_options(options) -> int:
     """The ranks per node; UsageError or ValueError naming the option."""
-    asked = {flag: value for flag, value in (("--nproc-per-node", options.nproc_per_node),
-                                            ("--link-mbit", options.link_mbit)) if value is not None}
     if options.nodes is None:
-        raise UsageError(f"{next(iter(asked))} needs --nodes N (emulated nodes, 2 … {emulated.MAX_NODES})")
+        asked = "--nproc-per-node" if options.nproc_per_node is not None else "--link-mbit"
+        raise UsageError(f"{asked} needs --nodes N (emulated nodes, 2 … {emulated.MAX_NODES})")
     if any(name in os.environ for name in ("RANK", "LOCAL_RANK", "TORCHELASTIC_RUN_ID")):
         raise UsageError("--nodes starts torchrun itself: leave it out of a command torchrun runs")
     check_int("--nodes", options.nodes, 2, emulated.MAX_NODES)
     k = check_int("--nproc-per-node", 1 if options.nproc_per_node is None
                   else options.nproc_per_node, 1, emulated.MAX_RANKS_PER_NODE)
+    # each rank is a process with torch imported: as many as LiveRanks allows on this machine
+    check_int("--nodes · --nproc-per-node", options.nodes * k, 2, max_cpu_world_size())
     if options.link_mbit is not None:
         check_number("--link-mbit", options.link_mbit, *LINK_MBIT, unit="Mbit/s")
     return k
@@ -258,9 +259,9 @@ def _check_command(options, world_size: int) -> None:
     if options.command == "train3d":
         layout = check_train3d(options.d, options.t, options.p, options.m, options.steps)
         if layout.world != world_size:
-            raise ValueError(f"--data · --tensor · --pipeline must be --nodes · --nproc-per-node "
-                             f"= {world_size} ranks, got {layout.d}·{layout.t}·{layout.p} = "
-                             f"{layout.world}")
+            raise ValueError(f"--data · --tensor · --pipeline must be --nodes · "
+                             f"--nproc-per-node = {world_size} ranks, got "
+                             f"{layout.d}·{layout.t}·{layout.p} = {layout.world}")
     else:
         check_demo(options.command, [_parse_arg(a) for a in options.args], world_size)
 
@@ -285,6 +286,9 @@ def _start_on_nodes(options, argv: list[str]) -> int:
         _check_command(options, options.nodes * nproc_per_node)
     except (TypeError, ValueError) as error:  # the checks' one line, before anything starts
         raise UsageError(str(error)) from None
+    except KeyboardInterrupt:  # while a check imported torch: nothing was made yet
+        print(f"{PROG}: interrupted before anything started", file=sys.stderr)
+        return 130
     from helpers.launch.nodes import run_on_nodes
     link_bps = None if options.link_mbit is None else options.link_mbit * 1e6
     # COMMAND is the first word that is not an option's or its value: the rest is what each
