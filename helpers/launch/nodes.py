@@ -34,7 +34,8 @@ Why it is built this way:
 * Every exit removes the nodes: normal, a failed agent, Ctrl-C, SIGTERM or SIGHUP. When one
   agent fails, the others get GRACE_S to finish, then SIGTERM (torchrun ends its ranks on
   it), then after STOP_S every process still inside a node's namespace gets SIGKILL: that
-  includes ranks that started sessions of their own, which no process group reaches.
+  includes ranks that started sessions of their own, which no process group reaches. (One
+  that ended well gives the others DONE_S: they are only closing down.)
 
 Exit status: torchrun's (the first agent that failed, else 0); 2 for a bad argument (said in
 one line before anything is made, see helpers.launch.torchrun); 3 when this machine cannot
@@ -44,6 +45,7 @@ interrupted (130 for Ctrl-C, 143 for SIGTERM).
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import re
 import selectors
@@ -61,6 +63,8 @@ PROG = "python -m helpers.run"
 RDZV_PORT = 29400
 # After one agent failed: how long the others may take to notice and end on their own.
 GRACE_S = 5.0
+# After one agent ended well: how long the others may take to close down (see _Agents.wait).
+DONE_S = 60.0
 # After SIGTERM: how long torchrun may take to end its ranks before everything left is killed.
 STOP_S = 5.0
 # How often the launcher looks at its agents while it waits for output.
@@ -260,18 +264,25 @@ class _Agents:
     def wait(self) -> int:
         """Relay output until every agent ended and its output is read; torchrun's status.
         One agent failing gives the others GRACE_S to end on their own, then they are
-        stopped; so is a process that still holds an ended agent's output GRACE_S later."""
-        deadline = None
+        stopped. One ending well gives the others DONE_S: torchrun's exit barrier let it end
+        only once every node's ranks were done, so the others are only closing down (slowly,
+        on a busy machine). The same holds for a process that keeps an ended agent's output
+        open."""
+        deadline, failed = None, None
         while self.running() or self._reading():
             self.relay(POLL_S)
-            failed = self.failed()
-            if deadline is None and (failed is not None or not self.running()):
-                deadline = time.monotonic() + GRACE_S
-            if deadline is not None and time.monotonic() > deadline:
-                if failed is not None and self.running():
+            now = time.monotonic()
+            if failed is None and self.failed() is not None:
+                failed = self.failed()
+                deadline = min(deadline or math.inf, now + GRACE_S)
+            elif deadline is None and len(self.running()) < len(self.procs):
+                deadline = now + DONE_S
+            if deadline is not None and now > deadline:
+                if self.running():
                     others = ", ".join(f"node {i}" for i in self.running())
-                    _say(f"node {failed}'s torchrun {_ended(self.procs[failed].returncode)}; "
-                         f"stopping {others}'s", self.out)
+                    why = (f"node {failed}'s torchrun {_ended(self.procs[failed].returncode)}"
+                           if failed is not None else f"the others ended {DONE_S:.0f} s ago")
+                    _say(f"{why}; stopping {others}'s", self.out)
                 self.stop()
                 break
         failed = self.failed()
@@ -360,7 +371,7 @@ def _say(text: str, out) -> None:
 
 class _Signals:
     """SIGINT, SIGTERM and SIGHUP raise Stopped, until `clean_up` begins: from then on they
-    are only counted, so that a second Ctrl-C cannot cut the clean-up short. The previous
+    are passed over, so that a second Ctrl-C cannot cut the clean-up short. The previous
     handlers come back at `restore`. (Only the main thread may set handlers: elsewhere the
     defaults stay.)"""
 
