@@ -544,3 +544,25 @@ def gradient_table(checks: list[GradientCheck]) -> str:
         lines.append(f"{precision_label(c.precision):<18}{c.d:>2} |{c.tolerance:10.2e}"
                      f"{c.worst:15.3f} |{c.reduction_error:11.2e}{c.compute_error:14.2e}")
     return "\n".join(lines)
+
+
+def dtype_step_times(config: TransformerConfig = SMALL,
+                     dtypes=(torch.float32, torch.bfloat16, torch.float16),
+                     repeat: int = 3) -> dict[torch.dtype, float]:
+    """Median forward + backward of the model on the whole batch with every weight in each
+    dtype, one process on one thread (one core, as one device); the dtypes take turns,
+    `repeat` times, so that a shared machine's changing load hits them alike (the first
+    turn, which allocates, is left out)."""
+    check_int("repeat", repeat)
+    tokens = make_tokens(config)
+    models = {dtype: make_transformer(config).to(dtype) for dtype in dtypes}
+    times: dict[torch.dtype, list[float]] = {dtype: [] for dtype in dtypes}
+    with intra_op_threads(1):
+        for turn in range(repeat + 1):
+            for dtype, model in models.items():
+                t0 = time.perf_counter()
+                lm_loss(model(tokens.inputs).float(), tokens.targets).backward()
+                if turn:
+                    times[dtype].append(time.perf_counter() - t0)
+                model.zero_grad()
+    return {dtype: statistics.median(t) for dtype, t in times.items()}
