@@ -3,11 +3,15 @@
 Notebook 05's runs:
 * `lecture_forward`: the lecture's forward-only pipeline (blocking send/recv, no backward).
 * `pipeline_rank` / `run_pipeline`: GPipe, 1F1B and interleaved 1F1B *with* backward,
-  asynchronous isend/irecv, and an event log of every forward and backward on every rank.
+  asynchronous isend/irecv, and an event log of every forward and backward on every rank;
+  the zero-bubble schedules (ZB-H1, ZB-H2, DualPipeV) the same way, their backwards split
+  into B and W (`split_backward_check` shows the split exact on one stage).
   `mode="compute"` runs the real matmuls; `mode="wait"` replaces each F and B by a timed
   wait that uses no CPU, so p = 8 ranks on a 2-core laptop still keep exact schedule timing.
 * `reference`: the same MLP trained in one process, the yardstick for outputs and gradients.
-* `torch_pipelining_rank`: PyTorch's own `torch.distributed.pipelining` on the same model.
+* `torch_pipelining_rank`: PyTorch's own `torch.distributed.pipelining` on the same model;
+  `torch_v_schedule_rank` its ScheduleZBVZeroBubble and ScheduleDualPipeV, and
+  `torch_schedule_order` the order its DualPipeV plans, to hold ours against.
 * `timed_schedule` / `bubble_sweep`: the schedule alone (simulated, or waits on live ranks),
   what the widget and the bubble-against-m plot show.
 
