@@ -23,8 +23,8 @@ Definitions (rank 0's numbers; every rank holds the same, up to the last shard's
   ZeRO rows say "fp32"): bf16 forward and backward on fp32 masters. formula_bytes is the
   lecture's (2 + 2 + 12)Ψ/d, or (2 + 4 + 12)Ψ/d with the gradients reduced in fp32;
   formula_comm_bytes what the two all-gathers (bf16) and the reduce-scatter hand to gloo,
-  (2·2 + 2 or 4)Ψ. vs_fp32_step: step_s over the fp32 stage-3 row's: bf16 on a CPU is no
-  faster (no bf16 matrix units are used here), unlike a GPU's tensor cores.
+  (2·2 + 2 or 4)Ψ. vs_fp32_step: step_s over the fp32 stage-3 row's: on a CPU bf16 runs at
+  about fp32's speed, not at the multiple a GPU's tensor cores give it.
 Last line: one JSON object.
 """
 from __future__ import annotations
