@@ -14,10 +14,11 @@ TORCHRUN = os.path.join(os.path.dirname(sys.executable), "torchrun")
 
 
 @pytest.mark.skipif(shutil.which("bash") is None, reason="the wrapper script is bash")
-def test_a_4_rank_layout_under_torchrun_has_the_single_process_loss():
+def test_a_4_rank_layout_under_torchrun_has_the_single_process_loss(tmp_path):
     env = dict(os.environ, TORCHRUN=TORCHRUN, OMP_NUM_THREADS="1")
-    done = subprocess.run(
-        [os.path.join(ROOT, "scripts", "torchrun_local.sh"), "--nproc-per-node=4",
+    done = subprocess.run(  # --log-dir: torchrun's own folder would stay under /tmp
+        [os.path.join(ROOT, "scripts", "torchrun_local.sh"), f"--log-dir={tmp_path}",
+         "--nproc-per-node=4",
          "-m", "helpers.run", "train3d", "--data", "2", "--tensor", "2", "--pipeline", "1",
          "--micro-batches", "1"],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)

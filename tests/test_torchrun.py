@@ -12,10 +12,11 @@ TORCHRUN = os.path.join(os.path.dirname(sys.executable), "torchrun")
 
 
 @pytest.mark.skipif(shutil.which("bash") is None, reason="the wrapper script is bash")
-def test_allreduce_demo_under_torchrun():
+def test_allreduce_demo_under_torchrun(tmp_path):
     env = dict(os.environ, TORCHRUN=TORCHRUN)
-    done = subprocess.run(
-        [os.path.join(ROOT, "scripts", "torchrun_local.sh"), "--nproc-per-node=2",
+    done = subprocess.run(  # --log-dir: torchrun's own folder would stay under /tmp
+        [os.path.join(ROOT, "scripts", "torchrun_local.sh"), f"--log-dir={tmp_path}",
+         "--nproc-per-node=2",
          "-m", "helpers.run", "allreduce"],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stderr[-3000:]

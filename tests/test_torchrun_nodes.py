@@ -3,11 +3,13 @@ one agent per network namespace, ranks on both sides of the shaped link. Checked
 (one process's loss, the collective's definition), where the agents and ranks ran, the bytes
 the link's shapers counted against what must cross, one-line errors, and that nothing is left
 behind after a run, a bad command line or an interrupt."""
+import glob
 import os
 import re
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 
 import pytest
@@ -90,6 +92,10 @@ def namespaces_of(launcher_pid: int) -> list[str]:
 def assert_nothing_left(launcher_pid: int) -> None:
     assert namespaces_of(launcher_pid) == []
     assert processes_of(f"plab{launcher_pid}") == []
+    # torchrun's log folders live in the launcher's private folder, and go with it
+    tmp = tempfile.gettempdir()
+    assert glob.glob(os.path.join(tmp, f"plab-ranks-{launcher_pid}-*")) == []
+    assert glob.glob(os.path.join(tmp, "torchelastic_*", f"plab{launcher_pid}_*")) == []
 
 
 @needs_namespaces

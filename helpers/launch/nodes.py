@@ -49,6 +49,7 @@ import math
 import os
 import re
 import selectors
+import shutil
 import signal
 import subprocess
 import sys
@@ -56,6 +57,7 @@ import time
 
 from helpers.launch import cluster as emulated
 from helpers.launch.host import TRANSPORT_VARIABLES, threads_per_rank
+from helpers.launch.process import private_folder
 
 PROG = "python -m helpers.run"
 # Each cluster is a set of network namespaces of its own, so the rendezvous port cannot clash
@@ -86,14 +88,16 @@ class Stopped(BaseException):
 
 
 def agent_command(cluster: emulated.EmulatedCluster, index: int, nproc_per_node: int,
-                  run_id: str, command: list[str]) -> list[str]:
-    """torchrun's command line for node `index`'s agent, running `helpers.run COMMAND …`."""
+                  run_id: str, log_dir: str, command: list[str]) -> list[str]:
+    """torchrun's command line for node `index`'s agent, running `helpers.run COMMAND …`.
+    `log_dir`: where torchrun keeps its per-run folders (by default a new one under /tmp
+    each run, which it never removes)."""
     node = cluster.node(index)
     host = cluster.node(0).address
     return [sys.executable, "-m", "torch.distributed.run",
             f"--nnodes={cluster.nodes}", f"--nproc-per-node={nproc_per_node}",
             "--rdzv-backend=c10d", f"--rdzv-endpoint={host}:{RDZV_PORT}", f"--rdzv-id={run_id}",
-            "--rdzv-conf=is_host=0", f"--local-addr={node.address}",
+            "--rdzv-conf=is_host=0", f"--local-addr={node.address}", f"--log-dir={log_dir}",
             "--max-restarts=0", "-m", "helpers.run", *command]
 
 
@@ -183,8 +187,8 @@ STORE_S = 120.0
 class _Agents:
     """The store and the agents: started into their nodes, their output relayed, ended."""
 
-    def __init__(self, cluster: emulated.EmulatedCluster, run_id: str, out):
-        self.cluster, self.run_id, self.out = cluster, run_id, out
+    def __init__(self, cluster: emulated.EmulatedCluster, run_id: str, log_dir: str, out):
+        self.cluster, self.run_id, self.log_dir, self.out = cluster, run_id, log_dir, out
         self.procs: list[subprocess.Popen] = []  # the agents, node by node
         self.store: subprocess.Popen | None = None
         self.relays: dict = {}                   # a node's index, or "store": its _Relay
@@ -219,7 +223,8 @@ class _Agents:
     def start(self, index: int, nproc_per_node: int, command: list[str],
               env: dict) -> subprocess.Popen:
         """Node `index`'s agent, running `helpers.run COMMAND …` on its ranks."""
-        command = agent_command(self.cluster, index, nproc_per_node, self.run_id, command)
+        command = agent_command(self.cluster, index, nproc_per_node, self.run_id, self.log_dir,
+                                command)
         with _signals_held():
             proc = self._spawn(index, command, env, subprocess.DEVNULL)
             self.procs.append(proc)
@@ -427,13 +432,15 @@ def run_on_nodes(nodes: int, nproc_per_node: int, link_bps: float | None,
         _say(f"cannot emulate nodes here: {reason}", sys.stderr)
         return CANNOT_EMULATE
     cluster = agents = stopped = None
+    folders: list[str] = []
     signals = _Signals()
     try:
         if link_bps is None:
             link_bps = _default_link_bps(out)  # before anything of ours exists
         with _signals_held():
+            folders.append(private_folder())  # torchrun's logs: removed with the nodes
             cluster = emulated.EmulatedCluster(nodes, link_bps)
-            agents = _Agents(cluster, f"plab{os.getpid()}", out)
+            agents = _Agents(cluster, f"plab{os.getpid()}", folders[0], out)
         _say(f"{nodes} emulated nodes × {nproc_per_node} ranks, link "
              f"{emulated.format_link(link_bps)}", out)
         env = agent_env(os.environ, nodes * nproc_per_node)
@@ -465,6 +472,8 @@ def run_on_nodes(nodes: int, nproc_per_node: int, link_bps: float | None,
                 agents.close()
             if cluster is not None:
                 cluster.close()
+            for folder in folders:
+                shutil.rmtree(folder, ignore_errors=True)
         finally:
             signals.restore()
         if stopped is not None:
