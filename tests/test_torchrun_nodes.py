@@ -247,3 +247,17 @@ def test_nodes_is_refused_inside_a_torchrun_job():
     assert done.returncode == 2 and done.stdout == ""
     assert done.stderr == ("python -m helpers.run: error: --nodes starts torchrun itself: leave it "
                            "out of a command torchrun runs\n")
+
+
+def test_the_relay_prefixes_each_line_and_shows_a_traceback_as_its_exception(capsys):
+    relay = nodes._Relay("[node 1] ", sys.stdout)
+    relay.feed(b"[rank3]: Traceback (most recent call last):\n"
+               b"[rank3]:   File \"x.py\", line 1, in <module>\n"
+               b"[rank3]:     f()\n[rank3]: KeyError: 'a'\n\n"
+               b"During handling of the above exception, another exception occurred:\n\n"
+               b"Traceback (most recent call last):\n  File \"y.py\", line 2, in g\n"
+               b"RuntimeError: gloo: connection closed\nstep 0: loss 6.9")  # no newline yet
+    assert capsys.readouterr().out == ("[node 1] [rank3]: KeyError: 'a'\n"
+                                       "[node 1] RuntimeError: gloo: connection closed\n")
+    relay.flush()
+    assert capsys.readouterr().out == "[node 1] step 0: loss 6.9\n"
