@@ -17,6 +17,12 @@ lists the fastest-varying dimension first) and torchtitan (its device mesh is
 
 The rank order is exactly `torch.distributed.device_mesh.init_device_mesh("cpu", layout.shape,
 mesh_dim_names=layout.names)`'s (the tests check every group against `mesh.get_group(name)`).
+
+On a cluster of equal nodes a *placement* is the node of each rank. The rank order being fixed,
+it decides which groups cross the link between nodes: `splits` says, per kind, how many members
+of a group sit on each node and on how many nodes (a `Split`: the simulator's degree on each of
+two network levels); `crossing_hops` which pipeline boundaries cross; `placement_of` builds the
+placement of a simulator split; `placements` lists those that differ for a layout.
 """
 from __future__ import annotations
 

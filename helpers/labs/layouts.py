@@ -15,6 +15,10 @@ model (`helpers.cost.parallel3d`) needs.
   `Calibration` (α–β from `helpers.cost.alpha_beta.fit_alpha_beta`).
 * `measure`: parent side. Round-robin over the layouts: each round calibrates, then steps
   every layout in turn, so every layout sees the same machine load.
+* `measure_placed`: the same on emulated nodes (`LiveRanks(4, nodes=2)`), each layout in each
+  placement that differs (`helpers.layout.placements`), the calibration timing every term
+  inside a node and across the link, the link's counters giving each layout's bytes across;
+  `cluster_layouts` is its benchmark record.
 """
 from __future__ import annotations
 
@@ -478,12 +482,20 @@ def measure_placed(ranks, placed=None, config: TransformerConfig = CLUSTER_CONFI
 
 def cluster_layouts(ranks, config: TransformerConfig = CLUSTER_CONFIG, rounds: int = 1,
                     steps: int = 3) -> dict:
-    """The benchmark's record of every 4-rank layout in each placement on the ranks' nodes:
-    rows {d, t, p, m, placement, nodes, step_s, predicted_s, rel_error}, median and max
-    |relative error|, best_measured, best_predicted, orders, tp_across_over_inside
-    (`helpers.cost.parallel3d.cluster_summary`), and wire_bytes_per_step per row."""
+    """The benchmark's record of every 4-rank layout in each placement on the ranks' emulated
+    nodes (`LiveRanks(4, nodes=2)`): "layouts", one row per (layout, placement) {d, t, p, m,
+    placement, nodes, step_s, predicted_s, rel_error, wire_bytes_per_step}; then
+    median_rel_error, max_rel_error, best_measured, best_predicted, best_predicted_slower,
+    orders, gaps, tp_ratios and tp_across_over_inside (`helpers.cost.parallel3d.ClusterSummary`)."""
     ranks.resize(4)
-    measured = measure_placed(ranks, None, config, rounds, steps)
+    return cluster_record(measure_placed(ranks, None, config, rounds, steps), config)
+
+
+def cluster_record(measured: PlacedMeasured, config: TransformerConfig = CLUSTER_CONFIG) -> dict:
+    """`cluster_layouts`'s record of a `measure_placed` result (JSON-ready)."""
     record = cluster_summary(measured.comparisons(config)).as_json()
-    record["wire_bytes_per_step"] = [measured.wire_bytes[key] for key in measured.runs]
-    return record
+    rows = record.pop("results")
+    for row, key in zip(rows, measured.runs):
+        row["nodes"] = list(row["nodes"])
+        row["wire_bytes_per_step"] = measured.wire_bytes[key]
+    return {"layouts": rows, **record}
