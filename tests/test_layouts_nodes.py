@@ -234,7 +234,7 @@ def test_the_benchmark_record_of_placed_runs():
 
 @needs_namespaces
 def test_tp_across_the_link_sends_the_formulas_bytes_and_tp_inside_only_the_gradients():
-    from helpers.labs.layouts import CLUSTER_CONFIG, first_steps, run_layout
+    from helpers.labs.layouts import CLUSTER_CONFIG, build_layout, run_layout
     from helpers.launch.cluster import whereabouts
     from helpers.ranks import LiveRanks
     config, lay = CLUSTER_CONFIG.with_(batch=16), Layout(2, 2, 1)
@@ -243,7 +243,7 @@ def test_tp_across_the_link_sends_the_formulas_bytes_and_tp_inside_only_the_grad
     with LiveRanks(4, nodes=2, link_bps=2e9) as ranks:
         for nodes in (CONSECUTIVE, ALTERNATE):
             ranks.place(nodes)
-            first_steps(ranks, lay, config)
+            ranks.run(build_layout, lay, config)
             before = ranks.wire_bytes()
             run_layout(ranks, lay, config, steps=1)
             wire[nodes] = ranks.wire_bytes() - before
