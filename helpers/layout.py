@@ -200,7 +200,9 @@ def splits(layout: Layout, placement) -> Groups:
 
 def crossing_hops(layout: Layout, placement) -> tuple[bool, ...]:
     """For each of the p−1 stage boundaries (stage j → j+1), whether a pipeline hop over it
-    crosses nodes in any PP group (the stage then waits for that hop)."""
+    crosses nodes in any PP group (the stage then waits for that hop). With one block per stage
+    and a placement from `placement_of`, as many cross as the simulator's
+    `helpers.simulator.comm.pp_frequencies` puts on the outer level."""
     placement = check_placement(layout, placement)
     return tuple(any(placement[g[j]] != placement[g[j + 1]] for g in layout.groups().pp)
                  for j in range(layout.p - 1))

@@ -18,6 +18,7 @@ from helpers.hardware import NetworkLevel
 from helpers.launch import cluster
 from helpers.layout import (Groups, Layout, Split, blocks_on, check_placement, crossing_hops,
                             factorizations, placement_name, placement_of, placements, splits)
+from helpers.simulator.comm import pp_frequencies
 from helpers.simulator.reference import placements as simulator_placements
 
 TINY = SimpleNamespace(vocab=8, hidden=4, heads=2, layers=4, seq=3, batch=8)
@@ -70,6 +71,9 @@ def test_every_simulator_placement_is_a_placement_of_ranks_with_the_same_split(w
             dp, tp, _, pp, _ = place
             placed = placement_of(lay, Groups(dp=dp[0], tp=tp[0], pp=pp[0]))
             assert splits(lay, placed) == Groups(Split(*dp), Split(*tp), Split(*pp)), (lay, place)
+            if lay.p > 1:  # the stage boundaries that cross: the simulator's share on level 1
+                across = pp_frequencies(lay.p, 1, pp).get(1, 0.0) * (lay.p - 1)
+                assert sum(crossing_hops(lay, placed)) == round(across), (lay, place)
             assert sorted(placed) == sorted(r // (world // nodes) for r in range(world))
             seen += 1
     assert seen > len(factorizations(world))  # some layouts have several placements
