@@ -171,8 +171,8 @@ def test_an_interrupted_run_leaves_nothing_behind(signum, when):
     status, out, err = finish(proc, timeout=60)
     assert status == 128 + signum
     assert err.strip().splitlines()[-1] == (f"python -m helpers.run: stopped by "
-                                            f"{signal.Signals(signum).name}: agents ended, "
-                                            "nodes removed")
+                                            f"{signal.Signals(signum).name}; nothing of the run "
+                                            "is left")
     assert "Traceback" not in out + err
     assert_nothing_left(proc.pid)
 

@@ -377,15 +377,16 @@ def _say(text: str, out) -> None:
 class _Signals:
     """SIGINT, SIGTERM and SIGHUP raise Stopped, until `clean_up` begins: from then on they
     are passed over, so that a second Ctrl-C cannot cut the clean-up short. The previous
-    handlers come back at `restore`. (Only the main thread may set handlers: elsewhere the
-    defaults stay.)"""
+    handlers come back at `restore`. A signal ignored when the launcher started stays
+    ignored; only the main thread may set handlers (elsewhere the defaults stay)."""
 
     def __init__(self):
         self.cleaning = False
         self.previous = {}
         with contextlib.suppress(ValueError):
             for signum in _SIGNALS:
-                self.previous[signum] = signal.signal(signum, self._handle)
+                if signal.getsignal(signum) != signal.SIG_IGN:  # nohup, a shell's `&`: kept
+                    self.previous[signum] = signal.signal(signum, self._handle)
 
     def _handle(self, signum, frame):
         if not self.cleaning:
@@ -461,6 +462,9 @@ def run_on_nodes(nodes: int, nproc_per_node: int, link_bps: float | None,
     except Stopped as stop:
         stopped = stop.signum
         return 128 + stopped
+    except KeyboardInterrupt:  # held back by LiveRanks while it measured loopback, then raised
+        stopped = signal.SIGINT
+        return 128 + stopped
     except OSError as error:  # a command of the cluster's, or an agent that cannot start
         _say(f"error: {error}", sys.stderr)
         return 1
@@ -477,5 +481,5 @@ def run_on_nodes(nodes: int, nproc_per_node: int, link_bps: float | None,
         finally:
             signals.restore()
         if stopped is not None:
-            _say(f"stopped by {signal.Signals(stopped).name}: agents ended, nodes removed",
+            _say(f"stopped by {signal.Signals(stopped).name}; nothing of the run is left",
                  sys.stderr)

@@ -286,9 +286,6 @@ def _start_on_nodes(options, argv: list[str]) -> int:
         _check_command(options, options.nodes * nproc_per_node)
     except (TypeError, ValueError) as error:  # the checks' one line, before anything starts
         raise UsageError(str(error)) from None
-    except KeyboardInterrupt:  # while a check imported torch: nothing was made yet
-        print(f"{PROG}: interrupted before anything started", file=sys.stderr)
-        return 130
     from helpers.launch.nodes import run_on_nodes
     link_bps = None if options.link_mbit is None else options.link_mbit * 1e6
     # COMMAND is the first word that is not an option's or its value: the rest is what each
@@ -298,10 +295,15 @@ def _start_on_nodes(options, argv: list[str]) -> int:
 
 
 def cli(argv: list[str] | None = None) -> int:
-    """`python -m helpers.run`: main, with a bad command line (or, with --nodes, a bad
-    argument or a machine that cannot make namespaces) said in one line, exit status 2."""
+    """`python -m helpers.run`: main, with a bad command line (with --nodes, any bad
+    argument) said in one line, exit status 2, and a Ctrl-C outside a rank in one line, 130."""
     try:
         return main(argv)
     except UsageError as error:
         print(f"{PROG}: error: {error}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # before the launcher's own handlers (a check imports torch)
+        if "RANK" in os.environ:
+            raise  # a rank under torchrun: torchrun reports how it ended
+        print(f"{PROG}: interrupted before anything started", file=sys.stderr)
+        return 130
