@@ -44,8 +44,8 @@ from helpers.parallel.groups import all_gather_into, group_rank, group_size, red
 from helpers.parallel.zero import FlatBucket
 
 
-# what gloo's reduce-scatter and all-gather carry (NCCL carries the same); integers are no
-# compute dtype
+# the floating dtypes gloo's (and NCCL's) reduce-scatter and all-gather carry: what a compute,
+# reduce or output dtype may be
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
