@@ -10,6 +10,7 @@ is built, one concern per module:
     process.py   the notebook's handles on rank processes: start, watch, kill, reap; private folders
     cluster.py   emulated nodes: network namespaces joined by a shaped link (Linux, root)
     live.py      LiveRanks, its per-process pool and cap, exit-signal clean-up, spawn
+    nodes.py     `python -m helpers.run --nodes N`: torchrun agents on emulated nodes
     torchrun.py  what `python -m helpers.run` runs under torchrun: the demos, notebook 07's train3d
 
 Nothing is imported here, so a rank process imports only worker.py and what it needs.
