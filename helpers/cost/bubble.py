@@ -72,10 +72,10 @@ def mean_durations(events: Iterable) -> Durations:
 
 CLOSED_FORMS = {
     # idle time per rank in one step, as each schedule's paper gives it
-    "1f1b": "(p−1)(T_F+T_B+T_W)",       # Qi et al. 2023, Table 1
-    "zb-h1": "(p−1)(T_F+T_B−T_W)",      # Qi et al. 2023, Table 1
-    "zb-h2": "(p−1)(T_F+T_B−2T_W)",     # Qi et al. 2023, Table 1
-    "dualpipev": "(p−1)(T_F&B+T_B̄−3T_W)",  # DeepSeek-AI 2024 (V3 report), Table 2, PP = 2p
+    "1f1b": "(p−1)(T_F+T_B+T_W)",       # Qi et al. 2023, §2 (handcrafted schedules)
+    "zb-h1": "(p−1)(T_F+T_B−T_W)",      # Qi et al. 2023, §2 (handcrafted schedules)
+    "zb-h2": "(p−1)(T_F+T_B−2T_W)",     # Qi et al. 2023, §2 (handcrafted schedules)
+    "dualpipev": "(p−1)(T_F&B+T_B̄−3T_W)",  # DeepSeek-AI 2024 (V3 report), §3.2.1, Table 2; PP = 2p
 }
 
 
