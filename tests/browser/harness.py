@@ -336,6 +336,12 @@ def kernel_status_js() -> str:
             " return e ? e.getAttribute('data-status') : null; }")
 
 
+# The API paths JupyterLab polls in the background (and retries after a failure); the file
+# browser's folder listings (api/contents/<folder>) are told apart where they are checked.
+POLLED_BY_JUPYTERLAB = ("api/sessions", "api/kernels", "api/terminals", "api/kernelspecs",
+                        "api/me", "api/status")
+
+
 class Notebook:
     """One notebook open in its own page: run it, find its widgets' controls and outputs."""
 
@@ -343,8 +349,9 @@ class Notebook:
         self.lab, self.name, self.stem = lab, name, Path(name).stem
         self.page = context.new_page()
         self.console: list[str] = []
-        self.page.on("console", lambda m: self.console.append(f"{m.type}: {m.text}"))
+        self.page.on("console", self._on_console)
         self.page.on("pageerror", lambda e: self.console.append(f"pageerror: {e}"))
+        self.polls_failed: list[str] = []  # JupyterLab's own polling that the server failed
         self.seen_errors = 0
         self.dialogs: list[str] = []
         self.ids = 0
@@ -469,6 +476,22 @@ class Notebook:
         return self.page.eval_on_selector_all(
             ".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']",
             "els => els.map(e => e.innerText).filter(t => /Traceback|Error/.test(t))")
+
+    def _on_console(self, message) -> None:
+        """Keep each console message with the address it names. A 5xx on one of JupyterLab's
+        background polls (the session, kernel and folder lists it refreshes every few seconds,
+        and retries) is kept apart and printed, not counted: the reader sees nothing of it.
+        Every other error counts, the failed request's address with it."""
+        url = (message.location or {}).get("url", "") if message.type == "error" else ""
+        path = url.split("//", 1)[-1].partition("/")[2].split("?", 1)[0]
+        folder_list = path.startswith("api/contents") and not path.endswith(".ipynb") \
+            and "checkpoints" not in path  # the file browser refreshing a folder
+        if ("status of 5" in message.text and message.text.startswith("Failed to load resource")
+                and (path.startswith(POLLED_BY_JUPYTERLAB) or folder_list)):
+            self.polls_failed.append(f"{message.text} ({url})")
+            print(f"\n{self.name}: JupyterLab's poll failed once: {message.text} ({url})")
+            return
+        self.console.append(f"{message.type}: {message.text}" + (f" ({url})" if url else ""))
 
     def new_console_errors(self) -> list[str]:
         errors = [m for m in self.console if m.startswith(("error", "pageerror"))]
