@@ -119,6 +119,12 @@ def _run(*args: str) -> str:
     return done.stdout
 
 
+def _shaper_count(netns: str, dev: str, field: str) -> int:
+    """One counter ("bytes", "drops", ...) of the tbf shaper on `dev` in `netns` (`tc -s -j`)."""
+    stats = json.loads(_run("tc", "-s", "-j", "-n", netns, "qdisc", "show", "dev", dev))
+    return sum(int(q.get(field, 0)) for q in stats if q.get("kind") == "tbf")
+
+
 def _pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -260,20 +266,11 @@ class EmulatedCluster:
     def wire_bytes(self) -> list[int]:
         """Bytes (with their Ethernet, IP and TCP headers) each node sent over its uplink since
         the link was made or last changed, as the kernel's shaper counted them."""
-        sent = []
-        for node in self._nodes:
-            stats = json.loads(_run("tc", "-s", "-j", "-n", node.netns, "qdisc", "show",
-                                    "dev", UPLINK))
-            sent.append(sum(int(q.get("bytes", 0)) for q in stats if q.get("kind") == "tbf"))
-        return sent
+        return [_shaper_count(node.netns, UPLINK, "bytes") for node in self._nodes]
 
     def drops(self) -> int:
         """Packets any shaper dropped (its queue was full): a sign of a link set too slow."""
-        total = 0
-        for netns, dev in self._ends():
-            stats = json.loads(_run("tc", "-s", "-j", "-n", netns, "qdisc", "show", "dev", dev))
-            total += sum(int(q.get("drops", 0)) for q in stats if q.get("kind") == "tbf")
-        return total
+        return sum(_shaper_count(netns, dev, "drops") for netns, dev in self._ends())
 
     def close(self) -> None:
         """Remove every namespace made (their links and qdiscs go with them); idempotent."""
