@@ -336,6 +336,31 @@ def kernel_status_js() -> str:
             " return e ? e.getAttribute('data-status') : null; }")
 
 
+def watch_kernel_status_js() -> str:
+    """Start logging every change of the kernel status the page shows, with the page's clock
+    (`performance.now()`), into `window.__plabStatus`. A single look right after an input can read
+    "idle" only because the kernel's "busy" is still on its way to the page; the log keeps every
+    transition, however late it arrives."""
+    return ("() => { const status = " + kernel_status_js() + ";"
+            " const log = window.__plabStatus = [[performance.now(), status()]];"
+            " if (window.__plabStatusObserver) window.__plabStatusObserver.disconnect();"
+            " const obs = window.__plabStatusObserver = new MutationObserver(() => {"
+            "   const s = status(); if (s !== log[log.length - 1][1]) log.push([performance.now(), s]); });"
+            " obs.observe(document.body, {subtree: true, childList: true, attributes: true,"
+            "                            attributeFilter: ['data-status']}); }")
+
+
+def busy_spanned(log: list, start: float, end: float) -> bool:
+    """Did the kernel turn busy at or after `start` and stay busy past `end` (page clock)? Each
+    comm message runs as one busy...idle period, so this says the inputs sent between `start` and
+    `end` all arrived while the first one's handler was still running."""
+    for i, (t, s) in enumerate(log):
+        if s == "busy" and t >= start:
+            idle = next((u for u, r in log[i + 1:] if r == "idle"), float("inf"))
+            return idle > end
+    return False
+
+
 # The API paths JupyterLab polls in the background (and retries after a failure); the file
 # browser's folder listings (api/contents/<folder>) are told apart where they are checked.
 POLLED_BY_JUPYTERLAB = ("api/sessions", "api/kernels", "api/terminals", "api/kernelspecs",
