@@ -32,8 +32,10 @@ REPO = ROOT.parent
 
 LAUNCHING = ("helpers.launch", "helpers.ranks", "helpers.run")
 # Who may start ranks: the launcher itself, its two public faces, the labs, the views (widgets run
-# labs) and, outside the package, benchmarks and tests.
-MAY_LAUNCH = ("helpers.launch", "helpers.ranks", "helpers.run", "helpers.labs", "helpers.views")
+# labs), the exercises (a coding exercise is checked on live ranks) and, outside the package,
+# benchmarks and tests.
+MAY_LAUNCH = ("helpers.launch", "helpers.ranks", "helpers.run", "helpers.labs", "helpers.views",
+              "helpers.exercises")
 
 # Each lab, the topic's block module, view module and cost module (None: no arithmetic of its own).
 TOPICS = {

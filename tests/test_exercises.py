@@ -1,7 +1,7 @@
 """helpers.exercises: each grader says right for the right answer and names common mistakes."""
 import pytest
 
-from helpers import exercises as E
+from helpers.exercises import arithmetic as E
 
 
 @pytest.mark.parametrize("grade, right, wrong, words", [

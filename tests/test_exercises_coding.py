@@ -1,0 +1,76 @@
+"""Coding exercises (helpers.exercises): every course solution is right over its whole sweep of
+cases on live ranks, and every named wrong answer is called wrong with its cause, on one case."""
+from __future__ import annotations
+
+import pytest
+
+from helpers.exercises import EXERCISES, check, reveal
+from helpers.exercises.coding import MISTAKES, Case, is_empty
+
+NOTEBOOKS_WITH_CODING = {"01", "03", "04", "05", "07", "08", "09"}
+
+
+def test_every_notebook_that_teaches_a_block_has_a_coding_exercise():
+    assert NOTEBOOKS_WITH_CODING <= {ex.notebook for ex in EXERCISES.values()}
+
+
+def test_every_exercise_has_two_named_mistakes_and_a_sweep():
+    for ex in EXERCISES.values():
+        assert len(ex.mistakes) >= 2, ex.id
+        assert all(m.name in MISTAKES for m in ex.mistakes), ex.id
+        assert len(ex.cases) >= 2, ex.id
+        assert len({c.world for c in ex.cases}) >= 2 or len({c.seed for c in ex.cases}) >= 2, ex.id
+
+
+@pytest.mark.parametrize("name", sorted(EXERCISES))
+def test_the_course_solution_is_right(name):
+    verdict = check(EXERCISES[name].solution, name)
+    assert verdict.right, verdict.why
+
+
+@pytest.mark.parametrize("name,index", [(n, i) for n in sorted(EXERCISES)
+                                        for i in range(len(EXERCISES[n].mistakes))])
+def test_each_wrong_answer_is_wrong_for_its_named_cause(name, index):
+    mistake = EXERCISES[name].mistakes[index]
+    verdict = check(mistake.fn, name, first_case_only=True)
+    assert not verdict.right, f"{mistake.name}: called right"
+    assert mistake.says in verdict.why, f"{mistake.name}: {verdict.why}"
+
+
+def skeleton(x):
+    """A docstring only, then the placeholder."""
+    ...
+
+
+def not_implemented(x):
+    raise NotImplementedError("your code here")
+
+
+def written(x):
+    """Has a body."""
+    return x
+
+
+def test_an_empty_body_answers_at_once_without_ranks(monkeypatch):
+    import helpers.exercises.coding as coding
+    monkeypatch.setattr(coding, "_ranks", lambda world: pytest.fail("started ranks"))
+    for fn in (skeleton, not_implemented):
+        assert is_empty(fn)
+        verdict = check(fn, "ring_all_reduce")
+        assert not verdict.right and "the body is empty" in verdict.why
+    assert not is_empty(written)
+
+
+def test_an_unknown_exercise_is_one_clear_error():
+    with pytest.raises(ValueError, match="exercise must be one of"):
+        check(written)
+
+
+def test_the_solution_is_folded_html_from_the_module_itself():
+    shown = reveal("ring_all_reduce")
+    assert shown._repr_html_().startswith("<details>")
+    assert "def ring_all_reduce" in repr(shown)
+
+
+def test_a_case_names_its_group():
+    assert str(Case(world=4, seed=0, size=6, group=(1, 3))) == "4 ranks, group [1, 3], size 6, seed 0"
