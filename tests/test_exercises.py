@@ -5,7 +5,8 @@ from helpers.exercises import arithmetic as E
 
 
 @pytest.mark.parametrize("grade, right, wrong, words", [
-    (E.grade_hardware_ridge, 201, 1 / 201, "bytes per FLOP"),
+    (E.grade_hardware_ridge, 153, 1 / 153, "bytes per FLOP"),
+    (E.grade_hardware_ridge, 153, 201, "40 GB A100 of the table"),
     (E.grade_hardware_compute_bound_n, 886, 885, "round up"),
     (E.grade_hardware_compute_bound_n, 886, 1771, "fp32"),
     (E.grade_hardware_send_time, 0.32, 0.16, "two directions"),

@@ -38,19 +38,28 @@ def judge(answer, expected, right: str, mistakes: tuple[tuple[float, str], ...],
 
 # --- notebook 00: the hardware hierarchy ---
 
+# The A100 SXM 80 GB's HBM2e bandwidth (NVIDIA A100 Tensor Core GPU datasheet, 2021: 2,039 GB/s);
+# the roofline table's A100 SXM is the 40 GB part (1.555 TB/s). Both peak at 312 TFLOP/s in bf16.
+A100_80GB_MEMORY_BPS = 2.039e12
+
+
 def grade_hardware_ridge(answer: float) -> Verdict:
-    """Exercise: the A100 SXM's ridge point, in FLOP per byte (dense bf16 peak over HBM)."""
-    from helpers.cost.roofline import published
+    """Exercise: the A100 SXM 80 GB's ridge point, in FLOP per byte (dense bf16 peak over its
+    2.039 TB/s of HBM2e; the table above shows the 40 GB part)."""
+    from helpers.cost.roofline import Roofline, published
     a100 = published("A100 SXM")
-    why = (f"{a100.peak_flops / 1e12:.0f} TFLOP/s ÷ {a100.memory_Bps / 1e12:.3f} TB/s = "
-           f"{a100.ridge:.0f} FLOP/byte")
+    big = Roofline("A100 SXM 80GB", a100.peak_flops, A100_80GB_MEMORY_BPS)
+    why = (f"{big.peak_flops / 1e12:.0f} TFLOP/s ÷ {big.memory_Bps / 1e12:.3f} TB/s = "
+           f"{big.ridge:.0f} FLOP/byte")
     return judge(
-        answer, a100.ridge,
-        why + ": a kernel needs that many FLOPs per byte it moves to keep the A100's arithmetic busy.",
-        ((a100.memory_Bps / a100.peak_flops,
-          "that is bytes per FLOP; the ridge is peak FLOP/s over bytes/s."),),
-        f"{answer:g} is not the ridge: divide the peak FLOP/s by the memory bytes/s (both in "
-        "ROOFLINE_PEAKS).")
+        answer, big.ridge,
+        why + ": faster memory lowers the ridge, so more kernels reach the arithmetic peak.",
+        ((big.memory_Bps / big.peak_flops,
+          "that is bytes per FLOP; the ridge is peak FLOP/s over bytes/s."),
+         (a100.ridge, f"{a100.ridge:.0f} is the 40 GB A100 of the table (1.555 TB/s); the 80 GB "
+                      "part has 2.039 TB/s.")),
+        f"{answer:g} is not the ridge: divide the peak FLOP/s (the table's A100 row) by the "
+        "80 GB part's 2.039 TB/s.")
 
 
 def grade_hardware_compute_bound_n(answer: int) -> Verdict:
