@@ -74,3 +74,32 @@ def test_the_solution_is_folded_html_from_the_module_itself():
 
 def test_a_case_names_its_group():
     assert str(Case(world=4, seed=0, size=6, group=(1, 3))) == "4 ranks, group [1, 3], size 6, seed 0"
+
+
+def _skips_the_collective_on_rank_1(x):
+    import torch.distributed as dist
+    if dist.get_rank() != 1:
+        dist.all_reduce(x)
+    return x
+
+
+def _mismatched_dtypes(x):
+    import torch.distributed as dist
+    if dist.get_rank() == 0:
+        x = x.double()
+    dist.all_reduce(x)
+    return x.float()
+
+
+def test_a_reader_deadlock_names_the_waiting_rank_and_the_next_check_works():
+    verdict = check(_skips_the_collective_on_rank_1, "ring_all_reduce", first_case_only=True)
+    assert not verdict.right and verdict.why.startswith("deadlock")
+    assert "in all_reduce" in verdict.why and "same collectives in the same order" in verdict.why
+    assert check(EXERCISES["ring_all_reduce"].solution, "ring_all_reduce",
+                 first_case_only=True).right  # the ranks were restarted
+
+
+def test_collectives_that_differ_across_ranks_are_named():
+    verdict = check(_mismatched_dtypes, "ring_all_reduce", first_case_only=True)
+    assert not verdict.right and "CollectiveMismatchError" in verdict.why
+    assert "dtype: torch.float64 on rank(s) [0]" in verdict.why

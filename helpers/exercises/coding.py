@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import ast
 import inspect
+import re
 import textwrap
 from dataclasses import dataclass, field
 from typing import Callable
@@ -201,14 +202,11 @@ def check(fn: Callable, name: str | None = None, *, first_case_only: bool = Fals
         try:
             replies = _ranks(world).run(attempt, ex.id, batch, fn)
         except RankTimeoutError as error:
-            head = str(error).split("\n", 1)[0].rstrip(".")
-            return Verdict(False, f"deadlock ({batch[0]}): {head}. Each send needs its recv on "
-                           "the peer, posted in an order that cannot wait in a circle (or use "
-                           "isend/irecv and wait on both).")
+            what = "deadlock" if error.op else "no answer"
+            return Verdict(False, f"{what} ({batch[0]}): {_stuck(error)}")
         except RankError as error:
-            lines = [ln for ln in error.remote_traceback.strip().splitlines() if ln.strip()]
             return Verdict(False, f"rank {error.rank} raised ({batch[0]}): "
-                           f"{lines[-1] if lines else error}")
+                           f"{_last_exception(error.remote_traceback) or error}")
         for i, case in enumerate(batch):
             problem = _judge(ex, case, [replies[r][i] for r in range(world)])
             if problem:
@@ -216,6 +214,29 @@ def check(fn: Callable, name: str | None = None, *, first_case_only: bool = Fals
     sweep = "; ".join(str(c) for c in cases)
     return Verdict(True, f"every rank matches the single-process reference, communicating as "
                    f"the lesson asks, on {len(cases)} case(s): {sweep}.")
+
+
+def _stuck(error) -> str:
+    """Who waited where, and the usual cause for that kind of wait."""
+    head = str(error).split("\n", 1)[0].rstrip(".")
+    if error.op in ("send", "recv", "isend", "irecv"):
+        return (f"{head}. Each send needs its recv on the peer, posted in an order that cannot "
+                "wait in a circle (or isend, then recv, then wait).")
+    if error.op:
+        return (f"{head}. Every rank of a group must make the same collectives in the same "
+                "order; one that skips or reorders a call leaves the others waiting.")
+    return f"{head}. An endless loop, or a wait that never ends, in the function's own code?"
+
+
+def _last_exception(traceback_text: str) -> str:
+    """The traceback's final exception, with the lines it continues on (a mismatch's details)."""
+    lines = [ln for ln in traceback_text.strip().splitlines() if ln.strip()]
+    starts = [i for i, ln in enumerate(lines) if not ln.startswith(" ") and ":" in ln
+              and not ln.startswith("Traceback")]
+    if not starts:
+        return ""
+    text = " ".join(ln.strip() for ln in lines[starts[-1]:][:4])
+    return re.sub(r"^[\w.]+\.(\w+:)", r"\1", text)  # the exception's name, not its module
 
 
 def _judge(ex: Exercise, case: Case, replies: list) -> str | None:
