@@ -103,3 +103,33 @@ def test_collectives_that_differ_across_ranks_are_named():
     verdict = check(_mismatched_dtypes, "ring_all_reduce", first_case_only=True)
     assert not verdict.right and "CollectiveMismatchError" in verdict.why
     assert "dtype: torch.float64 on rank(s) [0]" in verdict.why
+
+
+def _notebook_cells(number: str) -> list[dict]:
+    import json
+    from pathlib import Path
+    (path,) = Path(__file__).resolve().parent.parent.glob(f"notebooks/{number}_*.ipynb")
+    return json.loads(path.read_text())["cells"]
+
+
+@pytest.mark.parametrize("name", sorted(EXERCISES))
+def test_the_notebook_asks_before_it_answers(name):
+    """Each coding exercise is in its notebook as an empty skeleton whose committed check says
+    so, and nothing above it names the function (so no answer is printed above the question);
+    the course's version is folded in a cell after it."""
+    import ast
+    ex = EXERCISES[name]
+    cells = _notebook_cells(ex.notebook)
+    sources = ["".join(c["source"]) for c in cells]
+    asked = [i for i, s in enumerate(sources) if f"def {name}(" in s]
+    assert len(asked) == 1, f"notebook {ex.notebook} should define {name} once"
+    i = asked[0]
+    assert sources[i].rstrip().endswith(f"check({name})"), "the skeleton's cell ends with check()"
+    skeleton = next(n for n in ast.parse(sources[i]).body
+                    if isinstance(n, ast.FunctionDef) and n.name == name)
+    assert all(isinstance(s, (ast.Pass, ast.Expr)) for s in skeleton.body), "the body is empty"
+    shown = "".join("".join(o.get("text", "")) + "".join(o.get("data", {}).get("text/plain", ""))
+                    for o in cells[i].get("outputs", []))
+    assert "the body is empty" in shown
+    assert not any(name in s for s in sources[:i]), f"{name} appears above its exercise"
+    assert any(f'reveal("{name}")' in s for s in sources[i + 1:]), "no folded solution after it"
