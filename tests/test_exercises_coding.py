@@ -133,3 +133,18 @@ def test_the_notebook_asks_before_it_answers(name):
     assert "the body is empty" in shown
     assert not any(name in s for s in sources[:i]), f"{name} appears above its exercise"
     assert any(f'reveal("{name}")' in s for s in sources[i + 1:]), "no folded solution after it"
+
+
+def test_checks_from_two_threads_each_run_on_their_own_world_sizes():
+    """Two checks at once share one set of ranks, resized per case: each still gets every case
+    on the world size it names (a case run on the other thread's size would be a wrong verdict)."""
+    import threading
+    solution = EXERCISES["ring_all_reduce"].solution
+    verdicts = []
+    threads = [threading.Thread(target=lambda: verdicts.append(check(solution, "ring_all_reduce")))
+               for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert len(verdicts) == 2 and all(v.right for v in verdicts), verdicts

@@ -20,6 +20,7 @@ import ast
 import inspect
 import re
 import textwrap
+import threading
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -177,6 +178,9 @@ def attempt(rank: int, world: int, name: str, cases: tuple[Case, ...], fn: Calla
 # -- in the notebook -----------------------------------------------------------------------
 
 _RANKS: list = []  # one LiveRanks for every check, resized per case (a re-rendezvous, no start)
+# Held from a resize to the end of the run on that size: two checks from two threads must not
+# resize the ranks under each other (a case for 3 ranks run on 2 would be a silent wrong answer).
+_CHECKING = threading.Lock()
 
 
 def _ranks(world: int):
@@ -200,7 +204,8 @@ def check(fn: Callable, name: str | None = None, *, first_case_only: bool = Fals
     for world in worlds:
         batch = tuple(c for c in cases if c.world == world)
         try:
-            replies = _ranks(world).run(attempt, ex.id, batch, fn)
+            with _CHECKING:
+                replies = _ranks(world).run(attempt, ex.id, batch, fn)
         except RankTimeoutError as error:
             what = "deadlock" if error.op else "no answer"
             return Verdict(False, f"{what} ({batch[0]}): {_stuck(error)}")
