@@ -21,8 +21,10 @@ from dataclasses import dataclass
 # Where the tensor a call moves sits in its arguments, and what it means for `nbytes`.
 _DATA_ARG = {
     "all_reduce": 0, "reduce": 0, "broadcast": 0, "send": 0, "recv": 0, "isend": 0, "irecv": 0,
-    "all_gather": 1, "all_gather_into_tensor": 1, "reduce_scatter": 1,
-    "reduce_scatter_tensor": 1, "all_to_all": 1, "all_to_all_single": 1, "gather": 0,
+    # torch 2.13's single-tensor names, and the older aliases it still accepts
+    "all_gather": 1, "all_gather_single": 1, "all_gather_into_tensor": 1, "reduce_scatter": 1,
+    "reduce_scatter_single": 1, "reduce_scatter_tensor": 1, "all_to_all": 1,
+    "all_to_all_single": 1, "gather": 0,
     "scatter": 1, "barrier": None,
 }
 _PEER_ARG = {"send": ("dst", 1), "recv": ("src", 1), "isend": ("dst", 1), "irecv": ("src", 1)}
@@ -73,7 +75,8 @@ def _describe(op: str, args: tuple, kwargs: dict) -> Call:
     if group is not None and group is not dist.group.WORLD:
         members = tuple(dist.get_process_group_ranks(group))
     reduce_op = kwargs.get("op")
-    if reduce_op is None and op in ("all_reduce", "reduce_scatter", "reduce_scatter_tensor"):
+    if reduce_op is None and op in ("all_reduce", "reduce_scatter", "reduce_scatter_single",
+                                    "reduce_scatter_tensor"):
         position = 1 if op == "all_reduce" else 2
         reduce_op = args[position] if len(args) > position else dist.ReduceOp.SUM
     return Call(op=op, nbytes=sum(t.numel() * t.element_size() for t in tensors),

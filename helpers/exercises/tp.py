@@ -16,14 +16,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from helpers.exercises import calls
 from helpers.exercises.coding import Case, Exercise, Mistake, register
-
-# torch 2.13 names the single-tensor collectives all_gather_single and reduce_scatter_single
-# (all_gather_into_tensor and reduce_scatter_tensor are deprecated aliases of them): the
-# recorder must see them, their input second like the others'.
-calls._DATA_ARG.setdefault("all_gather_single", 1)
-calls._DATA_ARG.setdefault("reduce_scatter_single", 1)
 
 H = 6                 # hidden size h; the MLP's inner size is 4h = 24 (divisible by t = 2, 3, 4)
 GATHERS = {"all_gather", "all_gather_single", "all_gather_into_tensor"}
