@@ -41,3 +41,20 @@ def test_simulator_graders():
     mfu = model.C / (2**24 * gpu.peak_flops * months3)
     assert 0 < mfu < 1 and E.grade_simulator_mfu_needed(mfu).right
     assert not E.grade_simulator_mfu_needed(0.0).right
+
+
+def test_memory_graders():
+    """Notebook 08: exercise 1 asks d = 8, which the page never prints (its table stops at
+    d = 4, and that row's value is named as such); 3 asks bytes, not the ratio the page prints;
+    2 and 3 name their usual mistakes."""
+    psi = 464_128
+    assert E.grade_memory_zero2_bytes(4 * psi + 12 * psi / 8).right
+    assert "the table's row" in E.grade_memory_zero2_bytes(4 * psi + 12 * psi / 4).why
+    assert "plain data parallelism" in E.grade_memory_zero2_bytes(16 * psi).why
+    assert E.grade_memory_fsdp_wire_bytes(5.25e9).right
+    assert "(d−1)/d" in E.grade_memory_fsdp_wire_bytes(6e9).why
+    block_mb = (16 * 4096 + 4 + 32) * 4096 * 2 / 1e6  # the page prints only its small model's
+    assert E.grade_memory_block_activation_mb(block_mb).right
+    assert "fp32" in E.grade_memory_block_activation_mb(2 * block_mb).why
+    assert "with checkpointing" in E.grade_memory_block_activation_mb(4096 * 4096 * 2 / 1e6).why
+    assert "Korthikanti" in E.grade_memory_block_activation_mb(34 * 4096 * 4096 / 1e6).why

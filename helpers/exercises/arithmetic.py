@@ -389,19 +389,25 @@ def grade_simulator_mfu_needed(answer: float) -> Verdict:
 
 def grade_memory_zero2_bytes(answer: float) -> Verdict:
     """Exercise: bytes per rank of parameters + gradients + optimizer state under ZeRO-2 for
-    notebook 08's model (Ψ = 464,128) on d = 4 ranks, fp32 AdamW (4 + 4 + 8 bytes)."""
+    notebook 08's model (Ψ = 464,128) on d = 8 ranks, fp32 AdamW (4 + 4 + 8 bytes). The
+    notebook prints and measures d = 1, 2 and 4 only: its table is the tool, not the answer."""
     from helpers.cost.memory import FP32_RUN, MIXED_RUN, zero_memory_for
-    psi, d = 464_128, 4
+    psi, d = 464_128, 8
     expected = zero_memory_for(psi, d, 2, FP32_RUN).total
     return judge(
         answer, expected,
         f"4Ψ + (4 + 8)Ψ/d = {4 * psi:,} + {12 * psi // d:,} = {expected:,.0f} B: the weights "
-        "stay whole, gradients and AdamW's two moments are split four ways.",
-        ((zero_memory_for(psi, d, 2, MIXED_RUN).total, "that is the mixed-precision formula "
+        "stay whole, gradients and AdamW's two moments are split eight ways.",
+        ((zero_memory_for(psi, 4, 2, FP32_RUN).total, "that is d = 4, the table's row; at "
+          "d = 8 the weights stay 4Ψ and only the 12Ψ of gradients and moments halve again."),
+         (zero_memory_for(psi, d, 2, MIXED_RUN).total, "that is the mixed-precision formula "
           "2Ψ + 14Ψ/d; this run keeps fp32 weights and gradients and no master copy."),
+         (zero_memory_for(psi, d, 0, FP32_RUN).total, "that is plain data parallelism, 16Ψ: "
+          "ZeRO-2 splits the gradients and the moments over the d ranks."),
          (zero_memory_for(psi, d, 1, FP32_RUN).total, "that is ZeRO-1 (gradients whole)."),
          (zero_memory_for(psi, d, 3, FP32_RUN).total, "that is ZeRO-3: ZeRO-2 keeps every weight.")),
-        f"{answer:g} B is not it: 4Ψ of weights plus 12Ψ/d of gradients and moments.")
+        f"{answer:g} B is not it: add section 1's three terms (bytes per parameter × Ψ), "
+        "dividing by d only the ones ZeRO-2 shards.")
 
 
 def grade_memory_fsdp_wire_bytes(answer: float) -> Verdict:
@@ -417,22 +423,29 @@ def grade_memory_fsdp_wire_bytes(answer: float) -> Verdict:
         ((3 * psi * 2, "that is 3Ψ·2 bytes handed to the collectives; a ring sends (d−1)/d of it."),
          (comm_volume(2, d, psi, 2), "that is stages 0-2 (2Ψ): ZeRO-3 gathers the weights twice."),
          (3 * psi * (d - 1) / d, "count 2 bytes per bf16 value.")),
-        f"{answer:g} B is not it: 3 buffers of Ψ values × 2 bytes × (d−1)/d.")
+        f"{answer:g} B is not it: count the buffers ZeRO-3 hands the collectives per step "
+        "(section 6), their bytes in bf16, and the share of each a ring rank sends.")
 
 
-def grade_memory_checkpoint_ratio(answer: float) -> Verdict:
-    """Exercise: how many times fewer activation bytes one block of notebook 07's decoder
-    keeps with checkpointing, for h = 4096 and 32 heads (any b, s)?"""
+def grade_memory_block_activation_mb(answer_mb: float) -> Verdict:
+    """Exercise: MB (10⁶ B) one block of notebook 07's decoder keeps for its backward, without
+    checkpointing, for b = 1 sequence of s = 4096 tokens, h = 4096, 32 heads, in bf16. The
+    notebook prints the count for its own small model only (and the ratio, ≈ 16 at any h)."""
     from helpers.cost.memory import ActivationShape, block_activation_bytes
     shape = ActivationShape(1, 4096, 4096, 32, 1, 32000)
-    expected = block_activation_bytes(shape) / block_activation_bytes(shape, checkpointed=True)
+    expected = block_activation_bytes(shape, 2) / 1e6
     return judge(
-        answer, expected,
-        f"(16h + 4 + heads)·bs / (h·bs) = (16·4096 + 36)/4096 = {expected:.2f}: a block keeps "
-        "its input instead of 16 tensors of its size (and a few per-token statistics).",
-        ((34.0, "34 is Korthikanti et al.'s 34·sbh in bytes for fp16 with dropout; count values "
-                "of this block (no dropout, flash attention)."),),
-        f"{answer:g} is not it: divide 16·bsh + (4 + heads)·bs by b·s·h.")
+        answer_mb, expected,
+        f"(16h + 4 + heads) values per token × s × 2 bytes = (16·4096 + 36) · 4096 · 2 = "
+        f"{expected:.0f} MB: 16 tensors the size of the block's input, and a few per-token "
+        "statistics; checkpointed, it would keep only its input, 1/16 of that.",
+        ((block_activation_bytes(shape, 4) / 1e6, "that is fp32: bf16 activations take 2 bytes."),
+         (block_activation_bytes(shape, 2, True) / 1e6, "that is with checkpointing (the "
+          "block's input alone); without it the block keeps 16 tensors of that size."),
+         (34 * 4096 * 4096 / 1e6, "that is Korthikanti et al.'s 34·sbh bytes (fp16, counting "
+          "dropout masks, which this block has not): count this block's values.")),
+        f"{answer_mb:g} MB is not it: count what the block keeps per token (section 8), then "
+        "multiply by the tokens and the bytes of a bf16 value.")
 
 
 # --- notebook 09: experts and long context ---
