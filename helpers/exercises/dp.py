@@ -15,14 +15,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from helpers.exercises import calls
 from helpers.exercises.coding import Case, Exercise, Mistake, register
 
-# torch 2.13's names for the single-tensor collectives (reduce_scatter_tensor and
-# all_gather_into_tensor are their deprecated aliases): the recorder must see them too, their
-# input second like the others'.
-calls._DATA_ARG.setdefault("reduce_scatter_single", 1)
-calls._DATA_ARG.setdefault("all_gather_single", 1)
 REDUCE_SCATTERS = {"reduce_scatter", "reduce_scatter_single", "reduce_scatter_tensor"}
 ALL_GATHERS = {"all_gather", "all_gather_single", "all_gather_into_tensor"}
 
