@@ -58,3 +58,44 @@ def test_memory_graders():
     assert "fp32" in E.grade_memory_block_activation_mb(2 * block_mb).why
     assert "with checkpointing" in E.grade_memory_block_activation_mb(4096 * 4096 * 2 / 1e6).why
     assert "Korthikanti" in E.grade_memory_block_activation_mb(34 * 4096 * 4096 / 1e6).why
+
+
+# --- notebook 07: 3-D parallelism ---
+
+@pytest.mark.parametrize("grade, right, wrong, words", [
+    (E.grade_3d_rank, 8, 7, "DP varying fastest"),
+    (E.grade_3d_rank, 8, 5, "PP varying fastest"),
+    (E.grade_3d_crossing, {"dp", "pp"}, {"pp"}, "nodes of 8 GPUs"),
+    (E.grade_3d_crossing, "DP and PP", "tp, dp", "TP varies fastest"),
+    (E.grade_3d_bubble, 3 / 11, 3 / 7, "m = 4"),
+    (E.grade_3d_bubble, 3 / 11, 3 / 8, "(p−1)/m"),
+])
+def test_3d_graders(grade, right, wrong, words):
+    yes, no = grade(right), grade(wrong)
+    assert yes.right and not no.right and words in no.why, (yes, no)
+
+
+def test_3d_quiet_tp_reads_the_readers_calibration():
+    """Priced with the quiet fits, the TP all-reduces of 1·4·1 cost what `all_reduce` says:
+    a calibration whose in-step fit is 10× the quiet one predicts a slower step with it."""
+    from types import SimpleNamespace
+
+    from helpers.cost.alpha_beta import Fit
+    from helpers.cost.parallel3d import Calibration, predict, shapes_used, stages_used
+    from helpers.layout import Layout
+    config = SimpleNamespace(vocab=8, hidden=8, heads=4, layers=4, seq=3, batch=8)
+    layouts = (Layout(1, 4, 1),)
+    cal = Calibration(world=4, compute_s=dict.fromkeys(shapes_used(layouts, config), 1e-3),
+                      cores=4.0, tp_all_reduce={4: Fit("all_reduce", 1e-3, 0.0)},
+                      all_reduce={4: Fit("all_reduce", 1e-4, 0.0)},
+                      send_recv=Fit("send_recv", 1e-5, 0.0),
+                      optimizer_s=dict.fromkeys(stages_used(layouts, config), 0.0), lateness={})
+    in_step = predict(layouts[0], config, cal).step_s * 1e3
+    # 4 blocks × (1 ms + 4 all-reduces of 6α) + the head, with α = 0.1 ms instead of 1 ms
+    quiet = 4 * (1 + 4 * 6 * 0.1) + 1
+    assert E.grade_3d_quiet_tp(quiet, cal, config).right
+    no = E.grade_3d_quiet_tp(in_step, cal, config)
+    assert not no.right and "in-step fits" in no.why
+    forward_only = in_step - 8 * 6 * (1 - 0.1)  # 8 of the 16 all-reduces, 6α each
+    assert "the backward has 2 more" in E.grade_3d_quiet_tp(forward_only, cal, config).why
+    assert "in seconds" in E.grade_3d_quiet_tp(quiet / 1e3, cal, config).why

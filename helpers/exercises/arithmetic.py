@@ -385,6 +385,122 @@ def grade_simulator_mfu_needed(answer: float) -> Verdict:
                  f"3 months (got {answer:.3g}).")
 
 
+# --- notebook 07: 3-D parallelism ---
+
+def grade_3d_rank(answer: int) -> Verdict:
+    """Exercise: the global rank at dp = 1, tp = 0, pp = 1 of Layout(d=3, t=2, p=2), 12 ranks."""
+    import itertools
+
+    from helpers.layout import Layout
+    layout, at = Layout(3, 2, 2), {"dp": 1, "tp": 0, "pp": 1}
+    size = {"dp": layout.d, "tp": layout.t, "pp": layout.p}
+    expected = layout.rank(**at)
+    # The rank a reader gets with the mesh's axes in another order (slowest first).
+    others = []
+    for order in itertools.permutations(("pp", "dp", "tp")):
+        rank = 0
+        for axis in order:
+            rank = rank * size[axis] + at[axis]
+        if rank != expected:
+            axes, fastest = " · ".join(order), order[-1].upper()
+            others.append((rank, f"{rank} puts the axes in the order {axes} ({fastest} varying "
+                           "fastest); the course's mesh varies TP fastest, then DP, then PP: "
+                           "rank = (pp·d + dp)·t + tp."))
+    return judge(answer, expected,
+                 f"(pp·d + dp)·t + tp = (1·3 + 1)·2 + 0 = {expected}: each pipeline stage holds "
+                 "d·t = 6 consecutive ranks, each DP replica inside it t = 2 of them.",
+                 tuple(others),
+                 f"{answer} is not it: rank = (pp·d + dp)·t + tp (sections 1 and 6).",
+                 exact=True)
+
+
+def _kinds(answer) -> set[str]:
+    """{"dp", "pp"} from a set or list of names, or a string such as "dp, pp" or "DP and PP"."""
+    import re
+    words = re.findall(r"[a-z]+", answer.lower()) if isinstance(answer, str) else \
+        [str(a).lower() for a in answer]
+    return {w for w in words if w in ("dp", "tp", "pp")}
+
+
+def grade_3d_crossing(answer) -> Verdict:
+    """Exercise: Layout(d=2, t=4, p=2), 16 ranks on 4 nodes of 4 GPUs in the launcher's
+    placement (ranks 0–3 on node 0, 4–7 on node 1, …): which kinds of group cross nodes?"""
+    from helpers.layout import Layout, splits
+    layout = Layout(2, 4, 2)
+    placement = tuple(r // 4 for r in range(layout.world))
+    where = splits(layout, placement)
+    expected = {kind for kind in ("dp", "tp", "pp") if getattr(where, kind).crosses}
+    said = _kinds(answer)
+    groups = dict(zip(("dp", "tp", "pp"), (blocks[0] for blocks in layout.groups())))
+    why = (f"rank 0's TP group {groups['tp']} is one node; its DP group {groups['dp']} and its "
+           f"PP group {groups['pp']} reach other nodes: DP and PP cross, TP stays inside, as "
+           "the mesh order intends.")
+    if said == expected:
+        return Verdict(True, why)
+    if said == {"pp"}:
+        return Verdict(False, "that is nodes of 8 GPUs (one pipeline stage per node); with 4 "
+                       "GPUs a node holds one TP group only, so the DP group (t = 4 ranks "
+                       "apart) crosses too.")
+    if "tp" in said:
+        return Verdict(False, "TP varies fastest: a TP group is t = 4 consecutive ranks, and "
+                       "the launcher puts 4 consecutive ranks on each node.")
+    return Verdict(False, f"{sorted(said) or answer!r} is not it: write out rank 0's DP, TP "
+                   "and PP groups (rank = (pp·d + dp)·t + tp) and the node of each member "
+                   "(rank // 4).")
+
+
+def grade_3d_bubble(answer: float) -> Verdict:
+    """Exercise: the bubble bubble_theory promises for Layout(1, 1, 4, 8) (p = 4, m = 8)."""
+    from helpers.cost.bubble import bubble_theory
+    expected = bubble_theory(4, 8)
+    return judge(
+        answer, expected,
+        f"(p−1)/(m+p−1) = 3/11 = {expected:.3f} of the step idle, against "
+        f"{bubble_theory(4, 4):.3f} at the m = 4 of the layouts above: twice the micro-batches, "
+        "about two thirds of the bubble.",
+        ((bubble_theory(4, 4), "that is m = 4, the pipeline layouts of the sections above; "
+          "this one has m = 8."),
+         (3 / 8, "3/8 is the idle time over the useful work, (p−1)/m; the bubble is a share of "
+          "the whole step, (p−1)/(m+p−1)."),
+         (1 - expected, "that is the busy share; the bubble is the idle one.")),
+        f"{answer:g} is not it: bubble_theory(p, m) = (p−1)/(m+p−1).")
+
+
+def grade_3d_quiet_tp(answer_ms: float, calibration, config) -> Verdict:
+    """Exercise: the step (ms) the model would predict for Layout(1, 4, 1) with its TP
+    all-reduces priced by the quiet fits (`calibration.all_reduce`) instead of the ones timed
+    inside the step (`tp_all_reduce`), from section 5's printed numbers. Depends on the
+    reader's calibration and config (the expected value is `predict` with the quiet fits)."""
+    import dataclasses
+
+    from helpers.cost.parallel3d import activation_bytes, predict
+    from helpers.layout import Layout
+    layout = Layout(1, 4, 1)
+    quiet = dataclasses.replace(calibration, tp_all_reduce=calibration.all_reduce)
+    expected = predict(layout, config, quiet).step_s * 1e3
+    in_step = predict(layout, config, calibration).step_s * 1e3
+    act = activation_bytes(layout, config)
+    one_in_step, one_quiet = (1e3 * c.tp_s(4, act) for c in (calibration, quiet))
+    saved, count = one_in_step - one_quiet, 4 * config.layers
+    return judge(
+        answer_ms, expected,
+        f"{count} TP all-reduces (4 per block, {config.layers} blocks, one micro-batch, one "
+        f"stage) on the critical path, each {one_in_step:.2f} ms in the step and "
+        f"{one_quiet:.2f} ms quiet: {in_step:.1f} − {count} × {saved:.2f} = {expected:.1f} ms. "
+        "The difference is what a TP all-reduce waits, inside the step, for partners the "
+        "shared cores have not run yet; compare both with the measured step.",
+        ((in_step, "that is the prediction with the in-step fits (the table's); swap each TP "
+          "all-reduce's in-step cost for its quiet one."),
+         (in_step - count / 2 * saved, "that counts 2 all-reduces per block, the forward's; "
+          "the backward has 2 more."),
+         (in_step - config.layers * saved, "that counts one all-reduce per block; a block "
+          "makes 2 forward and 2 backward."),
+         (in_step - saved, "that swaps one all-reduce; the step makes 4 per block."),
+         (expected / 1e3, "that is in seconds; the answer is in ms.")),
+        f"{answer_ms:g} ms is not it: start from the table's prediction for 1·4·1 and swap the "
+        "cost of each of its TP all-reduces (how many: section 4) from in-step to quiet.")
+
+
 # --- notebook 08: memory ---
 
 def grade_memory_zero2_bytes(answer: float) -> Verdict:
