@@ -12,7 +12,8 @@ def test_right_answers_pass():
     assert ex.grade_tp_comm_ratio(1.25).right
     assert ex.grade_tp_f_backward("All-Reduce").right
     assert ex.grade_pp_bubble(bubble_theory(8, 24)).right
-    assert ex.grade_pp_peak_live(peak_live(make_plan("1f1b", 8, 32, 0))).right
+    assert ex.grade_pp_peak_live(peak_live(make_plan("1f1b", 8, 32, 5))).right
+    assert "stage 0's count" in ex.grade_pp_peak_live(8).why
     assert ex.grade_pp_interleaved_m(16).right and bubble_theory(4, 16, 2) <= 0.1 < bubble_theory(4, 12, 2)
 
 

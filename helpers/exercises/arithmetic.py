@@ -285,7 +285,7 @@ def grade_tp_f_backward(answer: str) -> Verdict:
         return Verdict(True, "each rank holds one term dY_r W_r of dX = Σ_r dY_r W_r; the "
                              "all-reduce sums them (and f is the identity forward).")
     if said in ("identity", "nothing"):
-        return Verdict(False, "that is f's forward (and g's backward); the input gradient is a "
+        return Verdict(False, "that is f's forward; in the backward the input gradient is a "
                               "sum of one term per rank.")
     return Verdict(False, f"{answer!r}: which collective sums one term per rank?")
 
@@ -304,13 +304,17 @@ def grade_pp_bubble(answer: float) -> Verdict:
 
 
 def grade_pp_peak_live(answer: int) -> Verdict:
-    """Most micro-batches whose activations stage 0 holds at once under 1F1B, p = 8, m = 32."""
-    return judge(answer, 8, "p = 8: stage 0 runs p − 1 = 7 warm-up forwards, then one more "
-                            "forward before its first backward; m does not matter.",
-                 ((32, "that is GPipe (all m forwards before the first backward)."),
-                  (7, "7 warm-up forwards, then the steady phase starts with a forward (8 live) "
-                      "before the first backward frees one.")),
-                 f"{answer}: count stage 0's forwards before its first backward.", exact=True)
+    """Most micro-batches whose activations stage 5 holds at once under 1F1B, p = 8, m = 32."""
+    from helpers.cost.schedules import make_plan, peak_live
+    held = peak_live(make_plan("1f1b", 8, 32, 5))
+    return judge(answer, held, f"{held} = p − 5: stage 5 runs p − 5 − 1 = {held - 1} warm-up "
+                               "forwards, then one more forward before its first backward; m does "
+                               "not matter.",
+                 ((8, "8 is stage 0's count; a later stage meets its first backward sooner."),
+                  (32, "that is GPipe (all m forwards before the first backward)."),
+                  (held - 1, f"{held - 1} warm-up forwards, then the steady phase starts with a "
+                             f"forward ({held} live) before the first backward frees one.")),
+                 f"{answer}: count stage 5's forwards before its first backward.", exact=True)
 
 
 def grade_pp_interleaved_m(answer: int) -> Verdict:
