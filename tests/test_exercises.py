@@ -12,7 +12,8 @@ from helpers.exercises import arithmetic as E
     (E.grade_hardware_send_time, 0.32, 0.16, "two directions"),
     (E.grade_collectives_reduce_scatter, [52], [28, 36, 44, 52, 60, 68, 76, 84], "all-reduce"),
     (E.grade_collectives_reduce_scatter, 52, 7, "not it"),
-    (E.grade_collectives_all_to_all, [2, 12, 22, 32], [32, 22, 12, 2], "order"),
+    (E.grade_collectives_all_to_all, [4, 14, 24, 34, 44, 54], [54, 44, 34, 24, 14, 4], "order"),
+    (E.grade_collectives_all_to_all, [4, 14, 24, 34, 44, 54], [40, 41, 42, 43, 44, 45], "before"),
     (E.grade_collectives_ring_bytes, 1.75, 0.875, "one half"),
 ])
 def test_right_and_wrong(grade, right, wrong, words):

@@ -124,19 +124,22 @@ def grade_collectives_reduce_scatter(answer) -> Verdict:
 
 
 def grade_collectives_all_to_all(answer) -> Verdict:
-    """Exercise: 4 ranks, rank r holds 10r + [0, 1, 2, 3]; what does rank 2 hold after an
-    all-to-all?"""
+    """Exercise: 6 ranks, rank r holds 10r + [0, 1, ..., 5]; what does rank 4 hold after an
+    all-to-all? (The page's figure shows 4 ranks, so the answer is worked out, not read off.)"""
     from helpers.labs.collectives import expected
-    want = expected("all_to_all", 4, 4)[2].after.tolist()
+    want = expected("all_to_all", 6, 6)[4].after.tolist()
     got = _as_list(answer)
-    why = f"rank 2 receives chunk 2 of every rank, in rank order: {[int(v) for v in want]}"
+    why = f"rank 4 receives chunk 4 of every rank, in rank order: {[int(v) for v in want]}"
     if got == want:
         return Verdict(True, why + " (a transpose of the rank × chunk grid).")
     if sorted(got) == sorted(want):
         return Verdict(False, "right elements, wrong order: chunks arrive in the order of the "
                        "ranks that sent them.")
-    return Verdict(False, f"{got} is not it: rank j sends its chunk 2 (element 2 of 10j + "
-                   "[0, 1, 2, 3]) to rank 2.")
+    if got == expected("all_to_all", 6, 6)[4].before.tolist():
+        return Verdict(False, "that is what rank 4 holds before: after the all-to-all it keeps "
+                       "only its own chunk 4 and receives chunk 4 of each other rank.")
+    return Verdict(False, f"{got} is not it: rank j sends its chunk 4 (element 4 of 10j + "
+                   "[0, 1, ..., 5]) to rank 4.")
 
 
 def grade_collectives_ring_bytes(answer: float) -> Verdict:
