@@ -100,6 +100,7 @@ class Exercise:
     result: Callable = _returned  # (args, returned) -> what is compared (e.g. an in-place tensor)
     comm: Callable = _no_rule   # (case, calls per member rank) -> a problem, or None
     hint: Callable | None = None  # (case, rank, got, want, given) -> a likely cause, or None
+    crash: Callable | None = None  # (op, error text) of a rank that failed -> a cause, or None
     mistakes: tuple[Mistake, ...] = ()
     rtol: float = 1e-5
     atol: float = 1e-6
@@ -210,8 +211,11 @@ def check(fn: Callable, name: str | None = None, *, first_case_only: bool = Fals
             what = "deadlock" if error.op else "no answer"
             return Verdict(False, f"{what} ({batch[0]}): {_stuck(error)}")
         except RankError as error:
-            return Verdict(False, f"rank {error.rank} raised ({batch[0]}): "
-                           f"{_last_exception(error.remote_traceback) or error}")
+            text = _last_exception(error.remote_traceback) or str(error)
+            cause = ex.crash(error.op, text) if ex.crash else None
+            where = f" in {error.op}" if error.op else ""
+            return Verdict(False, f"rank {error.rank} failed{where} ({batch[0]}): "
+                           + (f"{cause} ({text})" if cause else text))
         for i, case in enumerate(batch):
             problem = _judge(ex, case, [replies[r][i] for r in range(world)])
             if problem:
@@ -241,6 +245,7 @@ def _last_exception(traceback_text: str) -> str:
     if not starts:
         return ""
     text = " ".join(ln.strip() for ln in lines[starts[-1]:][:4])
+    text = re.sub(r"\s*\[enforce fail at [^\]]*\]", "", text)  # a C++ file of torch's build
     return re.sub(r"^[\w.]+\.(\w+:)", r"\1", text)  # the exception's name, not its module
 
 

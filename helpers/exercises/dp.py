@@ -206,14 +206,14 @@ def zero1_sgd_step(param: torch.Tensor, grad: torch.Tensor, lr: float) -> torch.
     rank's gradient: reduce-scatter the gradient, step only this rank's shard with its
     average, all-gather the shards; return the whole new parameter vector."""
     rank, d, n = dist.get_rank(), dist.get_world_size(), param.numel()
-    s = -(-n // d)  # shard length: the vector padded with zeros to d·s elements
-    mine = slice(rank * s, (rank + 1) * s)  # rank r owns elements [r·s, (r + 1)·s)
-    average = torch.empty(s, dtype=grad.dtype)
-    dist.reduce_scatter_single(average, F.pad(grad, (0, d * s - n)), op=dist.ReduceOp.SUM)
+    shard = -(-n // d)  # the vector padded with zeros to d equal shards
+    mine = slice(rank * shard, (rank + 1) * shard)  # rank r owns shard r
+    average = grad.new_empty(shard)
+    dist.reduce_scatter_single(average, F.pad(grad, (0, d * shard - n)), op=dist.ReduceOp.SUM)
     average /= d  # each rank's gradient is the mean over its own rows: average, not sum
-    padded = F.pad(param, (0, d * s - n))
-    shard = padded[mine] - lr * average  # a new tensor: the all-gather's input, not a view
-    dist.all_gather_single(padded, shard)
+    padded = F.pad(param, (0, d * shard - n))
+    stepped = padded[mine] - lr * average  # a new tensor: the all-gather's input, not a view
+    dist.all_gather_single(padded, stepped)
     return padded[:n]
 
 
@@ -262,7 +262,19 @@ def _comm_step(case: Case, calls: list) -> str | None:
         if gathers[0].nbytes > shard_bytes:
             return (f"rank {rank} all-gathered {gathers[0].nbytes} bytes, more than its "
                     f"shard's {shard_bytes}: each rank hands over only the shard it updated")
+        if abs(gathers[0].total - _stepped_shard_sum(case, rank)) > 1e-3:
+            return (f"rank {rank}'s all-gather carried something other than its stepped "
+                    "parameter shard (the averaged gradient's?): in ZeRO-1 a rank steps only "
+                    "its shard, then all-gathers the new parameters")
     return None
+
+
+def _stepped_shard_sum(case: Case, rank: int) -> float:
+    """The sum of rank `rank`'s shard of the new parameters, padding included (zeros)."""
+    d, n = case.world, case.size
+    shard = -(-n // d)
+    new = F.pad(_want_step(case)[rank], (0, d * shard - n))
+    return float(new[rank * shard:(rank + 1) * shard].double().sum())
 
 
 def _shifted(case: Case, shift: int) -> torch.Tensor:

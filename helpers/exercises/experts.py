@@ -90,6 +90,11 @@ def _dispatch_comm(case: Case, calls: list) -> str | None:
     for rank, made in enumerate(calls):
         ops = [c.op for c in made]
         other = sorted(set(ops) - ALL_TO_ALL)
+        gathers = [c for c in made if c.op.startswith("all_gather")]
+        if gathers and all(c.nbytes <= 8 * e for c in gathers):
+            return (f"rank {rank} shared its counts with {gathers[0].op}: every rank then "
+                    f"receives all {e}×{e} counts where it needs {e}, the ones addressed to it; "
+                    "one all-to-all of the counts delivers exactly those")
         if other and other[0].startswith("all_gather"):
             return (f"rank {rank} called {other[0]}: every token then reaches all {e} ranks, "
                     f"{e - 1} copies of each where the dispatch sends one, to its destination "
@@ -108,6 +113,15 @@ def _dispatch_comm(case: Case, calls: list) -> str | None:
         if made[1].nbytes != own:
             return (f"rank {rank}'s token all-to-all handed over {made[1].nbytes} B, its tokens "
                     f"are {own} B: each token travels once")
+    return None
+
+
+def _dispatch_crash(op: str | None, text: str) -> str | None:
+    """gloo ends a rank whose all-to-all receives a different size than it was told to expect."""
+    if op and op.startswith("all_to_all") and "size" in text:
+        return ("a rank received a different number of rows than its output and split sizes "
+                "expected: those come from the counts the other ranks send, so all-to-all the "
+                "counts first")
     return None
 
 
@@ -158,8 +172,9 @@ register(Exercise(
     cases=(Case(world=3, seed=0, size=4), Case(world=4, seed=1, size=3),
            Case(world=2, seed=2, size=5)),
     given=_dispatch_given, want=_dispatch_want, comm=_dispatch_comm, hint=_dispatch_hint,
+    crash=_dispatch_crash,
     mistakes=(
-        Mistake("skipped a phase", _dispatch_without_counts, "doesn't match expected size"),
+        Mistake("skipped a phase", _dispatch_without_counts, "all-to-all the counts first"),
         Mistake("wrong order", _dispatch_unsorted, "not sorted by destination"),
         Mistake("computed locally without communicating", _dispatch_keeps_its_own,
                 "made no call"),
@@ -172,12 +187,12 @@ register(Exercise(
 # == Long context: causal ring attention ======================================================
 
 def causal_ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """Causal attention of this rank's (s/c, d) queries over the whole sequence (rank r holds
+    """Causal attention of this rank's (s/c, h) queries over the whole sequence (rank r holds
     its r-th block), the K/V blocks passed to rank + 1 for c − 1 hops."""
     rank, c = dist.get_rank(), dist.get_world_size()
-    m = torch.full((q.shape[0], 1), float("-inf"))  # each query's largest score so far
-    total = torch.zeros(q.shape[0], 1)              # Σ exp(score − m)
-    acc = torch.zeros_like(q)                       # Σ exp(score − m) · v
+    best = q.new_full((q.shape[0], 1), float("-inf"))  # each query's largest score so far
+    total = q.new_zeros((q.shape[0], 1))               # Σ exp(score − best)
+    acc = torch.zeros_like(q)                          # Σ exp(score − best) · v
     kv = torch.stack([k, v])
     for step in range(c):
         if step < c - 1:  # start the hop first: it travels while this block is computed
@@ -185,13 +200,14 @@ def causal_ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> 
             hop = [dist.isend(kv, (rank + 1) % c), dist.irecv(inbox, (rank - 1) % c)]
         source = (rank - step) % c  # the block in hand left rank − step, step hops ago
         if source <= rank:          # a later rank's keys are in every query's future: skip
-            s = q @ kv[0].T / q.shape[-1] ** 0.5
+            scores = q @ kv[0].T / q.shape[-1] ** 0.5
             if source == rank:      # own block: query i sees keys 0 … i
-                s = s.masked_fill(torch.ones_like(s, dtype=torch.bool).triu(1), float("-inf"))
-            new = torch.maximum(m, s.amax(-1, keepdim=True))
-            p, rescale = torch.exp(s - new), torch.exp(m - new)
-            total = total * rescale + p.sum(-1, keepdim=True)
-            acc, m = acc * rescale + p @ kv[1], new
+                scores = scores.masked_fill(torch.ones_like(scores, dtype=torch.bool).triu(1),
+                                            float("-inf"))
+            new = torch.maximum(best, scores.amax(-1, keepdim=True))
+            weights, rescale = torch.exp(scores - new), torch.exp(best - new)
+            total = total * rescale + weights.sum(-1, keepdim=True)
+            acc, best = acc * rescale + weights @ kv[1], new
         if step < c - 1:
             for work in hop:
                 work.wait()

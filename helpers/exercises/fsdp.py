@@ -33,7 +33,7 @@ def fsdp_linear(w_shard: torch.Tensor, x: torch.Tensor, dy: torch.Tensor,
     w = torch.cat(shards)[:out_features * in_features].view(out_features, in_features)
     y = x @ w.T
     # dW of this micro-batch, laid out as the weight is: flat, zero-padded to d equal chunks.
-    grad = torch.zeros(d * w_shard.numel())
+    grad = w_shard.new_zeros(d * w_shard.numel())
     grad[:w.numel()] = (dy.T @ x).flatten()
     mine = torch.empty_like(w_shard)
     dist.reduce_scatter(mine, list(grad.chunk(d)))  # sums chunk r of every rank into rank r

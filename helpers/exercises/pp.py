@@ -33,7 +33,7 @@ def pipeline_forward(weight: torch.Tensor, micro_batches: list[torch.Tensor] | N
         if rank == 0:
             x = micro_batches[k]
         else:  # blocks until the previous stage has sent micro-batch k
-            x = torch.empty(b, weight.shape[0])
+            x = weight.new_empty(b, weight.shape[0])
             dist.recv(x, src=rank - 1)
         y = torch.relu(x @ weight)
         if rank + 1 < p:  # blocks until the next stage has it: one message per micro-batch
@@ -242,7 +242,7 @@ def pipeline_backward(weight: torch.Tensor, inputs: list[torch.Tensor],
         if rank == p - 1:
             grad_y = grad_outputs[k]
         else:  # rank + 1's input gradient is this stage's output gradient
-            grad_y = torch.empty(x.shape[0], weight.shape[1])
+            grad_y = weight.new_empty(x.shape[0], weight.shape[1])
             dist.recv(grad_y, src=rank + 1)
         grad_pre = grad_y * (x @ weight > 0)  # relu lets the gradient through where it was > 0
         grad_weight += x.T @ grad_pre
