@@ -44,6 +44,80 @@ def test_simulator_graders():
     assert not E.grade_simulator_mfu_needed(0.0).right
 
 
+# A wrong answer's generic hint points to where the tool is; it never spells out the formula
+# with the question's numbers, nor the equation to solve (the placeholder's verdict is on the page,
+# right under the question). Each entry: a grader's fallback verdict, words it must not contain.
+def _sparse_largest_run():
+    """Notebook 06's exercise 1 point: the largest feasible sparse run (section 6), whose
+    latency floor the page does not print (section 3 prints the dense run's)."""
+    from helpers.hardware import H100_SXM
+    from helpers.simulator.curve import run_curve
+    from helpers.simulator.settings import Settings
+    return run_curve(H100_SXM, Settings(sparse=True)).largest_feasible()
+
+
+@pytest.mark.parametrize("verdict, recipe", [
+    (lambda: E.grade_collectives_reduce_scatter([3]), ("3 + r", "sum element", "8·3")),
+    (lambda: E.grade_collectives_all_to_all([1, 2]), ("10j", "element 4", "chunk 4")),
+    (lambda: E.grade_bench_busbw(100), ("n / t", "busbw_factor('all_reduce', 4)", "2(p−1)/p")),
+    (lambda: E.grade_bench_busbw(198.3), ("2(p−1)/p", "1.5")),          # algbw, named
+    (lambda: E.grade_bench_predict(10), ("a·α + b·n·β", "2(p−1)", "1.5")),
+    (lambda: E.grade_bench_predict(67.5), ("2(p−1)", "1.5")),           # α + n·β, named
+    (lambda: E.grade_bench_predict(2.4 + 67.1), ("2(p−1)/p", "1.5")),   # byte factor, named
+    (lambda: E.grade_bench_crossover(1e5), ("a(p)·α = b(p)·n·β", "solve", "6", "1.5")),
+    (lambda: E.grade_bench_crossover(4e5), ("6 α", "1.5 n·β", "1.5")),  # α/β, named
+    (lambda: E.grade_simulator_latency_floor(0.0, _sparse_largest_run()),
+     ("6 per layer", "L/PP", "16 layers", "m = 64", "4.5 µs")),
+    (lambda: E.grade_simulator_min_gpus(0), ("divide", "1.12e+26", "7.885e+06", "round up")),
+    (lambda: E.grade_simulator_mfu_needed(0.0), ("C / (GPUs", "solve", "× time", "3 months")),
+])
+def test_fallback_hints_do_not_give_the_recipe(verdict, recipe):
+    no = verdict()
+    assert not no.right and str(no).startswith("✗ not yet")
+    assert "=" not in no.why and not [words for words in recipe if words in no.why], no.why
+
+
+def test_hints_point_to_the_tool():
+    assert "run_collective" in E.grade_collectives_reduce_scatter([3]).why
+    assert "run_collective" in E.grade_collectives_all_to_all([1, 2]).why
+    assert "section 2" in E.grade_bench_busbw(100).why
+    assert "section 4's table" in E.grade_bench_predict(67.5).why
+    assert "section 4's table" in E.grade_bench_predict(10).why
+    assert "coefficients" in E.grade_bench_crossover(4e5).why
+    # below the crossover the latency term is the larger, above it the smaller
+    assert "is larger" in E.grade_bench_crossover(1e5).why
+    assert "is smaller" in E.grade_bench_crossover(1e7).why
+    assert "section 3" in E.grade_simulator_latency_floor(0.0, _sparse_largest_run()).why
+    assert "section 7" in E.grade_simulator_min_gpus(0).why
+    assert "section 7" in E.grade_simulator_mfu_needed(0.0).why
+
+
+def test_ring_bytes_names_the_ranks_n():
+    """The course keeps p for pipeline stages: a collective's ranks are n."""
+    why = E.grade_collectives_ring_bytes(1.75).why
+    assert "2·(n−1)/n" in why and "(p−1)" not in why
+
+
+def test_simulator_latency_floor_on_the_sparse_run():
+    """Notebook 06's exercise 1: 6 matmuls × L/PP layers × E/EP experts × m micro-batches ×
+    4.5 µs on the largest sparse run (L = 1024, PP = 64, E = EP = 72, m = 64)."""
+    point = _sparse_largest_run()
+    assert (point.model.L, point.plan.pp, point.model.s, point.plan.ep, point.plan.m) == \
+        (1024, 64, 72, 72, 64)
+    assert E.grade_simulator_latency_floor(6 * 16 * 1 * 64 * 4.5e-6, point).right
+    assert not E.grade_simulator_latency_floor(6 * 16 * 72 * 64 * 4.5e-6, point).right
+
+
+def test_simulator_named_mistakes():
+    model, gpu, months3 = E._gtx580_blog_point()
+    need = model.C / (months3 * gpu.sustained_flops)
+    assert "round up, not down" in E.grade_simulator_min_gpus(2**23).why
+    assert "before rounding" in E.grade_simulator_min_gpus(round(need)).why
+    assert "the bar" in E.grade_simulator_mfu_needed(0.68).why
+    mfu = model.C / (2**24 * gpu.peak_flops * months3)
+    assert "sustained" in E.grade_simulator_mfu_needed(mfu * gpu.peak_flops / gpu.sustained_flops).why
+
+
 def test_memory_graders():
     """Notebook 08: exercise 1 asks d = 8, which the page never prints (its table stops at
     d = 4, and that row's value is named as such); 3 asks bytes, not the ratio the page prints;

@@ -119,8 +119,8 @@ def grade_collectives_reduce_scatter(answer) -> Verdict:
     if got == expected("all_reduce", 8, 8)[3].after.tolist():
         return Verdict(False, "that is the all-reduce result; a reduce-scatter leaves each rank "
                        "only its own chunk of it.")
-    return Verdict(False, f"{got} is not it: sum element 3 over all ranks (rank r holds 3 + r "
-                   "there).")
+    return Verdict(False, f"{got} is not it: the table of section run_collective says what a "
+                   "reduce-scatter leaves on each rank, and its printout shows it on 4 ranks.")
 
 
 def grade_collectives_all_to_all(answer) -> Verdict:
@@ -138,8 +138,8 @@ def grade_collectives_all_to_all(answer) -> Verdict:
     if got == expected("all_to_all", 6, 6)[4].before.tolist():
         return Verdict(False, "that is what rank 4 holds before: after the all-to-all it keeps "
                        "only its own chunk 4 and receives chunk 4 of each other rank.")
-    return Verdict(False, f"{got} is not it: rank j sends its chunk 4 (element 4 of 10j + "
-                   "[0, 1, ..., 5]) to rank 4.")
+    return Verdict(False, f"{got} is not it: the table of section run_collective says what an "
+                   "all-to-all leaves on each rank, and its printout shows it on 4 ranks.")
 
 
 def grade_collectives_ring_bytes(answer: float) -> Verdict:
@@ -148,7 +148,7 @@ def grade_collectives_ring_bytes(answer: float) -> Verdict:
     from helpers.cost.alpha_beta import COST_MODELS
     factor = COST_MODELS["all_reduce"].bus_factor(8)
     half = "that is one half (a reduce-scatter or an all-gather); the all-reduce is both."
-    right = (f"reduce-scatter sends 7 chunks of 1/8 GB, then all-gather 7 more: 2·(p−1)/p = "
+    right = (f"reduce-scatter sends 7 chunks of 1/8 GB, then all-gather 7 more: 2·(n−1)/n = "
              f"{factor:g} GB per rank, nearly twice the buffer however many ranks there are.")
     hint = (f"{answer:g} GB is not it: count the chunks each rank sends in the reduce-scatter, "
             "then in the all-gather.")
@@ -170,9 +170,11 @@ def grade_bench_busbw(answer: float) -> Verdict:
         answer, busbw,
         f"algbw n/t = {algbw:.1f} GB/s, × 2(p−1)/p = 1.5 -> {busbw:.1f} GB/s, about "
         f"{busbw / nvlink_GBps:.0%} of NVLink 4's {nvlink_GBps:.0f} GB/s per direction.",
-        ((algbw, "that is algbw (n / t); busbw multiplies it by the all-reduce factor 2(p−1)/p."),
+        ((algbw, "that is algbw (n / t); busbw multiplies it by the all-reduce's factor "
+          "(section 2, busbw_factor)."),
          (busbw * 1e9 / GiB, "that is GiB/s (the lecture's 277): divide by 10⁹, not 1024³.")),
-        f"{answer:g} is not it: n / t in GB/s, times the factor busbw_factor('all_reduce', 4).")
+        f"{answer:g} GB/s is not it: section 2 turns a size and a time into bus bandwidth "
+        "(busbw_factor); 1 GB is 10⁹ B.")
 
 
 def grade_bench_predict(answer_ms: float) -> Verdict:
@@ -186,10 +188,13 @@ def grade_bench_predict(answer_ms: float) -> Verdict:
         answer_ms, expected,
         f"{a:g}·α + {b:g}·n·β = {a * alpha * 1e3:.1f} ms + {b * n * beta * 1e3:.1f} ms = "
         f"{expected:.1f} ms: at 64 MiB the bytes are nearly all of it.",
-        (((alpha + n * beta) * 1e3, "that is α + n·β; a ring all-reduce pays 2(p−1) α and "
-          "2(p−1)/p · n·β."),
-         ((a * alpha + n * beta) * 1e3, "the byte term needs its factor 2(p−1)/p = 1.5 too.")),
-        f"{answer_ms:g} ms is not it: use coefficients('all_reduce', 4) and t = a·α + b·n·β.")
+        (((alpha + n * beta) * 1e3, "that is α + n·β, a send/recv's time (one latency, the "
+          "buffer once); a ring all-reduce pays each more than once (its row in section 4's "
+          "table)."),
+         ((a * alpha + n * beta) * 1e3, "the latency term is right; the byte term has its factor "
+          "too (the ring all-reduce's row in section 4's table).")),
+        f"{answer_ms:g} ms is not it: section 4's table prices a ring all-reduce from α, β and n "
+        "(coefficients('all_reduce', p) holds its two factors).")
 
 
 def grade_bench_crossover(answer_bytes: float) -> Verdict:
@@ -203,8 +208,11 @@ def grade_bench_crossover(answer_bytes: float) -> Verdict:
         answer_bytes, expected,
         f"a·α = b·n·β gives n = a·α / (b·β) = {a:g}·400 µs / ({b:g} ns/B) = {expected:.3g} B "
         "(≈ 1.5 MiB): below it latency dominates, above it bandwidth.",
-        ((alpha / beta, "α/β ignores the coefficients: the ring pays 6 α but only 1.5 n·β at p = 4."),),
-        f"{answer_bytes:g} B is not it: solve a(p)·α = b(p)·n·β for n.")
+        ((alpha / beta, "α/β ignores the coefficients: a ring all-reduce does not pay its "
+          "latency and its bytes the same number of times (its row in section 4's table)."),),
+        f"{answer_bytes:g} B is not it: at that size the latency term of section 4's ring "
+        f"all-reduce is {'larger' if a * alpha > b * answer_bytes * beta else 'smaller'} than its "
+        "bandwidth term (coefficients('all_reduce', p) holds their factors).")
 
 
 # --- notebook 03: data parallelism ---
@@ -267,8 +275,14 @@ def grade_tp_megatron_bytes(answer: float) -> Verdict:
     if close_to(answer, formula_bytes("lecture", 8, LECTURE)):
         return Verdict(False, "that is the lecture layout (3L(t−1)/t · n); Megatron needs one "
                               "all-reduce per pair of layers in each pass.")
-    return Verdict(False, f"{answer:,.0f} B: count the all-reduces per step (L/2 forward, L/2 "
-                          "backward) and what each sends under a ring.")
+    if close_to(answer, formula_bytes("lecture", 4, LECTURE)):
+        return Verdict(False, "that is the lecture layout at t = 4, read from section 4's table; "
+                              "this asks the Megatron layout at t = 8.")
+    if close_to(answer, formula_bytes("megatron", 4, LECTURE)):
+        return Verdict(False, "that is t = 4, section 4's table; at t = 8 each all-reduce sends "
+                              "a larger share of its buffer.")
+    return Verdict(False, f"{answer:,.0f} B is not it: section 4 counts the Megatron layout's "
+                          "collectives per step and what each sends under a ring.")
 
 
 def grade_tp_comm_ratio(answer: float) -> Verdict:
@@ -278,7 +292,9 @@ def grade_tp_comm_ratio(answer: float) -> Verdict:
     if close_to(answer, expected, rel=0.03):
         return Verdict(True, f"(t−1)·bytes·F/(3·h·W) = {expected:.2f}: even on NVLink the "
                              "all-reduce costs a little more than the compute at t = 8.")
-    return Verdict(False, f"{answer}: the ratio is (t−1)·bytes·F / (3·h·W), independent of b·s.")
+    return Verdict(False, f"{answer:g} is not it: section 6 compares a layer's communication "
+                          "with its compute (leave α aside); put in this question's t, h, bytes, "
+                          "F and W.")
 
 
 def grade_tp_f_backward(answer: str) -> Verdict:
@@ -303,7 +319,8 @@ def grade_pp_bubble(answer: float) -> Verdict:
     if close_to(answer, 7 / 24):
         return Verdict(False, "7/24 is the idle time relative to the useful work, (p−1)/m; the "
                               "bubble is a fraction of the whole schedule, (p−1)/(m+p−1).")
-    return Verdict(False, f"{answer}: (p−1)/(m+p−1) with p = 8, m = 24.")
+    return Verdict(False, f"{answer:g} is not it: the section bubble_theory gives the idle "
+                          "share of a schedule of p stages and m micro-batches.")
 
 
 def grade_pp_peak_live(answer: int) -> Verdict:
@@ -327,7 +344,8 @@ def grade_pp_interleaved_m(answer: int) -> Verdict:
                              "m = 16 (bubble 3/35 = 0.086).",
                  ((14, "3/31 ≤ 0.1 holds, but the interleaved schedule needs m to be a multiple "
                        "of p = 4."), (24, plain), (28, plain)),
-                 f"{answer}: solve (p−1)/(v·m+p−1) ≤ 0.1, then round up to a multiple of p.",
+                 f"{answer} is not it: the section interleaved_1f1b gives the interleaved "
+                 "bubble (bubble_theory takes v) and which m the schedule accepts.",
                  exact=True)
 
 
@@ -357,10 +375,9 @@ def grade_simulator_latency_floor(answer: float, point) -> Verdict:
         return Verdict(True, f"{count} matmuls in a row on one stage × "
                        f"{point.latency_per_matmul_s * 1e6:g} µs = {expected:.3g} s of a "
                        f"{q.time.step:.3g} s step.")
-    return Verdict(False, f"count the matmuls one stage runs in sequence: 6 per layer and "
-                   f"micro-batch, L/PP = {m.L // q.pp} layers, m = {q.m} micro-batches; each "
-                   f"costs the fixed latency ({point.latency_per_matmul_s * 1e6:g} µs) "
-                   f"(got {answer:.3g} s).")
+    return Verdict(False, f"{answer:.3g} s is not it: count the matmuls one stage runs one "
+                   "after another (section 3), reading this point's model and layout, and price "
+                   "each at the GPU's fixed latency per matmul.")
 
 
 def grade_simulator_min_gpus(answer: int) -> Verdict:
@@ -371,12 +388,17 @@ def grade_simulator_min_gpus(answer: int) -> Verdict:
     model, gpu, T = _gtx580_blog_point()
     need = model.C / (T * gpu.sustained_flops)
     expected = 2 ** math.ceil(math.log2(need))
+    if answer != expected and close_to(answer, need):
+        return Verdict(False, "that is the count before rounding; the cluster is a power of two.")
     return judge(answer, expected,
                  f"C / (3 months × {gpu.sustained_flops:.3g} FLOP/s) = {need:.3g} GPUs, so "
                  f"2^{int(math.log2(expected))} = {expected:,}: the blog's 'about 16 million'. "
-                 "The GPU count follows from compute and time alone.", (),
-                 f"divide C = {model.C:.3g} FLOP by the duration ({T:.4g} s) and one GPU's "
-                 f"sustained rate, then round up to a power of two (got {answer}).", exact=True)
+                 "The GPU count follows from compute and time alone.",
+                 ((expected // 2, "too few: at that size the run would need more than 3 months "
+                   "even at the sustained rate; round up, not down."),),
+                 f"{answer} is not it: section 7 gives this run's compute and the GTX 580's "
+                 "sustained FLOP/s, the first cell the duration; the cluster is a power of two.",
+                 exact=True)
 
 
 def grade_simulator_mfu_needed(answer: float) -> Verdict:
@@ -387,9 +409,13 @@ def grade_simulator_mfu_needed(answer: float) -> Verdict:
     return judge(answer, expected,
                  f"C / (2^24 × peak {gpu.peak_flops:.4g} FLOP/s × {T:.4g} s) = {expected:.3f}: "
                  f"any MFU above it finishes in time, but the blog's '≥ 80 % of the maximum' "
-                 f"asks for {bar:.2f}.", (),
-                 "MFU = C / (GPUs × peak FLOP/s × time); solve for the MFU with the time set to "
-                 f"3 months (got {answer:.3g}).")
+                 f"asks for {bar:.2f}.",
+                 ((bar, "that is the bar (τ × the ceiling); the question asks the MFU at which "
+                   "the run takes exactly 3 months."),
+                  (expected * gpu.peak_flops / gpu.sustained_flops, "that divides by the "
+                   "sustained FLOP/s; MFU is a share of the peak.")),
+                 f"{answer:.3g} is not it: MFU is model FLOP over peak FLOP (the notebook's "
+                 "introduction); section 7 gives the run's compute and the GTX 580's peak.")
 
 
 # --- notebook 07: 3-D parallelism ---
