@@ -36,8 +36,8 @@ def test_close_to():
 
 def test_simulator_graders():
     """Notebook 06's blog numbers: 'about 16 million' GTX 580s, and the MFU that fits 3 months."""
-    assert E.grade_simulator_min_gpus(2**24).right and "16 million" in E.grade_simulator_min_gpus(2**24).why
-    assert not E.grade_simulator_min_gpus(2**23).right
+    assert E.grade_simulator_min_gpus(2**23).right and "16 million" in E.grade_simulator_min_gpus(2**23).why
+    assert "section 7's cluster" in E.grade_simulator_min_gpus(2**24).why
     model, gpu, months3 = E._gtx580_blog_point()
     mfu = model.C / (2**24 * gpu.peak_flops * months3)
     assert 0 < mfu < 1 and E.grade_simulator_mfu_needed(mfu).right
@@ -110,8 +110,8 @@ def test_simulator_latency_floor_on_the_sparse_run():
 
 def test_simulator_named_mistakes():
     model, gpu, months3 = E._gtx580_blog_point()
-    need = model.C / (months3 * gpu.sustained_flops)
-    assert "round up, not down" in E.grade_simulator_min_gpus(2**23).why
+    need = model.C / (2 * months3 * gpu.sustained_flops)  # the question's 6 months
+    assert "round up, not down" in E.grade_simulator_min_gpus(2**22).why
     assert "before rounding" in E.grade_simulator_min_gpus(round(need)).why
     assert "the bar" in E.grade_simulator_mfu_needed(0.68).why
     mfu = model.C / (2**24 * gpu.peak_flops * months3)

@@ -9,7 +9,8 @@ def test_right_answers_pass():
     assert ex.grade_dp_buckets(2).right
     assert ex.grade_dp_zero1_gb(31.4).right
     assert ex.grade_tp_megatron_bytes(3_670_016).right
-    assert ex.grade_tp_comm_ratio(1.25).right
+    assert ex.grade_tp_comm_ratio(0.54).right
+    assert "t = 8" in ex.grade_tp_comm_ratio(1.25).why
     assert ex.grade_tp_f_backward("All-Reduce").right
     assert ex.grade_pp_bubble(bubble_theory(8, 24)).right
     assert ex.grade_pp_peak_live(peak_live(make_plan("1f1b", 8, 32, 5))).right

@@ -286,12 +286,15 @@ def grade_tp_megatron_bytes(answer: float) -> Verdict:
 
 
 def grade_tp_comm_ratio(answer: float) -> Verdict:
-    """Communication / compute per layer, α left aside, for t = 8, h = 8192, bf16 (2 bytes),
-    F = 989 TFLOP/s (H100 dense bf16), W = 450 GB/s (NVLink 4)."""
-    expected = (8 - 1) * 2 * 989e12 / (3 * 8192 * 450e9)
+    """Communication / compute per layer, α left aside, for t = 4, h = 8192, bf16 (2 bytes),
+    F = 989 TFLOP/s (H100 dense bf16), W = 450 GB/s (NVLink 4). (Section 6 prints t = 8.)"""
+    expected = (4 - 1) * 2 * 989e12 / (3 * 8192 * 450e9)
+    at_8 = (8 - 1) * 2 * 989e12 / (3 * 8192 * 450e9)
     if close_to(answer, expected, rel=0.03):
-        return Verdict(True, f"(t−1)·bytes·F/(3·h·W) = {expected:.2f}: even on NVLink the "
-                             "all-reduce costs a little more than the compute at t = 8.")
+        return Verdict(True, f"(t−1)·bytes·F/(3·h·W) = {expected:.2f}: at t = 4 the all-reduce "
+                             f"costs about half the compute, against {at_8:.2f} at t = 8.")
+    if close_to(answer, at_8, rel=0.03):
+        return Verdict(False, "that is t = 8, section 6's run; this asks t = 4.")
     return Verdict(False, f"{answer:g} is not it: section 6 compares a layer's communication "
                           "with its compute (leave α aside); put in this question's t, h, bytes, "
                           "F and W.")
@@ -381,23 +384,26 @@ def grade_simulator_latency_floor(answer: float, point) -> Verdict:
 
 
 def grade_simulator_min_gpus(answer: int) -> Verdict:
-    """The smallest cluster (a power of two) that could do the grid point nearest 1e26 FLOP
-    on GTX 580s in 3 months if every GPU ran at its sustained FLOP/s."""
+    """The smallest cluster (a power of two) that could do the grid point nearest 1e26 FLOP on
+    GTX 580s in 6 months (twice section 7's 3) if every GPU ran at its sustained FLOP/s."""
     import math
 
     model, gpu, T = _gtx580_blog_point()
-    need = model.C / (T * gpu.sustained_flops)
+    need = model.C / (2 * T * gpu.sustained_flops)
     expected = 2 ** math.ceil(math.log2(need))
     if answer != expected and close_to(answer, need):
         return Verdict(False, "that is the count before rounding; the cluster is a power of two.")
     return judge(answer, expected,
-                 f"C / (3 months × {gpu.sustained_flops:.3g} FLOP/s) = {need:.3g} GPUs, so "
-                 f"2^{int(math.log2(expected))} = {expected:,}: the blog's 'about 16 million'. "
-                 "The GPU count follows from compute and time alone.",
-                 ((expected // 2, "too few: at that size the run would need more than 3 months "
-                   "even at the sustained rate; round up, not down."),),
+                 f"C / (6 months × {gpu.sustained_flops:.3g} FLOP/s) = {need:.3g} GPUs, so "
+                 f"2^{int(math.log2(expected))} = {expected:,}: half the blog's 'about 16 "
+                 "million' for twice the time. The GPU count follows from compute and time alone.",
+                 ((2 * expected, "that is section 7's cluster for 3 months; twice the time needs "
+                                 "half the GPUs."),
+                  (expected // 2, "too few: at that size the run would need more than 6 months "
+                   "even at the sustained rate; round up, not down.")),
                  f"{answer} is not it: section 7 gives this run's compute and the GTX 580's "
-                 "sustained FLOP/s, the first cell the duration; the cluster is a power of two.",
+                 "sustained FLOP/s; here the duration is twice the first cell's; the cluster is "
+                 "a power of two.",
                  exact=True)
 
 
