@@ -46,6 +46,7 @@ MISTAKES = {
     "wrong group": "communicated over the wrong group of ranks",
     "wrong order": "put pieces together in the wrong order",
     "sent the whole tensor to every rank": "a naive exchange: n − 1 copies of every tensor",
+    "averaged where a sum was asked": "divided by the ranks what is one sum split across them",
 }
 
 

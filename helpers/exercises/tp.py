@@ -372,7 +372,7 @@ register(Exercise(
     mistakes=(
         Mistake("computed locally without communicating", _all_reduces_a_copy,
                 "return the tensor you handed it"),
-        Mistake("divided by the world, not the group", _averages,
+        Mistake("averaged where a sum was asked", _averages,
                 "to be added, not averaged"),
         Mistake("wrong order", _gelu_after_g, "GELU came after the all-reduce"),
         Mistake("sent the whole tensor to every rank", _gathers_the_partials,
