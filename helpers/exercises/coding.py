@@ -21,7 +21,7 @@ import inspect
 import re
 import textwrap
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable
 
 from helpers.exercises.arithmetic import Verdict
@@ -61,6 +61,12 @@ class Case:
 
     def members(self) -> tuple[int, ...]:
         return self.group if self.group is not None else tuple(range(self.world))
+
+    def generator(self, stream: int):
+        """A torch.Generator for one stream of this case's data (a rank's own: its rank), the
+        same in the notebook and on the rank, different for every seed and stream."""
+        import torch
+        return torch.Generator().manual_seed(1000 * self.seed + stream)
 
     def __str__(self) -> str:
         group = f", group {list(self.group)}" if self.group is not None else ""
@@ -105,7 +111,6 @@ class Exercise:
     mistakes: tuple[Mistake, ...] = ()
     rtol: float = 1e-5
     atol: float = 1e-6
-    groups: bool = field(default=False)  # the block takes a group argument
 
     def __post_init__(self):
         if self.form not in ("variation", "reveal"):
@@ -202,7 +207,7 @@ def check(fn: Callable, name: str | None = None, *, first_case_only: bool = Fals
     if is_empty(fn):
         return Verdict(False, "the body is empty: write it, then run this cell again.")
     cases = ex.cases[:1] if first_case_only else ex.cases
-    worlds = sorted({c.world for c in cases}, key=[c.world for c in cases].index)
+    worlds = dict.fromkeys(c.world for c in cases)  # in the cases' order, once each
     for world in worlds:
         batch = tuple(c for c in cases if c.world == world)
         try:

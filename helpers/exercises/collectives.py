@@ -35,7 +35,7 @@ def ring_all_reduce(x: torch.Tensor) -> torch.Tensor:
 
 
 def _given(rank: int, case: Case, group) -> tuple:
-    g = torch.Generator().manual_seed(1000 * case.seed + rank)
+    g = case.generator(rank)
     return (torch.randint(-9, 10, (case.size,), generator=g).float(),)
 
 

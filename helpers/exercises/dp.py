@@ -60,7 +60,7 @@ def _shapes(case: Case) -> list[tuple]:
 
 
 def _given_grads(rank: int, case: Case, group) -> tuple:
-    g = torch.Generator().manual_seed(1000 * case.seed + rank)
+    g = case.generator(rank)
     grads = [torch.randint(-9, 10, shape, generator=g).float() for shape in _shapes(case)]
     return grads, _bucket_bytes(case), group
 
@@ -187,7 +187,6 @@ register(Exercise(
                                                                   group=(0, 2)),
            Case(world=2, seed=2, size=7), Case(world=3, seed=3, size=6)),
     given=_given_grads, want=_want_grads, result=_averaged, comm=_comm_grads, hint=_hint_grads,
-    groups=True,
     mistakes=(
         Mistake("forgot to divide by d", _sums, "did you average"),
         Mistake("divided by the world, not the group", _divides_by_the_world,
@@ -222,7 +221,7 @@ LR = 0.1
 
 def _given_step(rank: int, case: Case, group) -> tuple:
     same = torch.Generator().manual_seed(case.seed)  # the parameters: one copy on every rank
-    own = torch.Generator().manual_seed(1000 * case.seed + rank)  # the gradient: this rank's
+    own = case.generator(rank)  # the gradient: this rank's
     return (torch.randint(-9, 10, (case.size,), generator=same).float(),
             torch.randint(-9, 10, (case.size,), generator=own).float(), LR)
 

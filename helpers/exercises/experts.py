@@ -40,7 +40,7 @@ def dispatch_tokens(tokens: torch.Tensor, dest: torch.Tensor) -> torch.Tensor:
 
 
 def _dispatch_given(rank: int, case: Case, group) -> tuple:
-    g = torch.Generator().manual_seed(1000 * case.seed + rank)
+    g = case.generator(rank)
     n = case.size + rank + int(torch.randint(0, 3, (1,), generator=g))  # uneven across ranks
     tokens = torch.randint(-99, 100, (n, HIDDEN), generator=g).float()
     # One rank sends nothing to the next one: an empty split.
@@ -216,7 +216,7 @@ def causal_ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> 
 
 
 def _ring_given(rank: int, case: Case, group) -> tuple:
-    g = torch.Generator().manual_seed(1000 * case.seed + rank)
+    g = case.generator(rank)
     return tuple(torch.randn(case.size, HEAD, generator=g) for _ in range(3))
 
 

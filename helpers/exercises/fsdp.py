@@ -65,7 +65,7 @@ def _shard(case: Case, rank: int, flat: torch.Tensor) -> torch.Tensor:
 
 def _given(rank: int, case: Case, group) -> tuple:
     out_features, in_features = _shape(case)
-    g = torch.Generator().manual_seed(1000 * case.seed + rank)
+    g = case.generator(rank)
     x = torch.randint(-4, 5, (BATCH, in_features), generator=g).float()
     dy = torch.randint(-4, 5, (BATCH, out_features), generator=g).float()
     return _shard(case, rank, _weight(case).flatten()), x, dy, _shape(case)

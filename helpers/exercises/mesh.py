@@ -68,7 +68,7 @@ def _case(d: int, t: int, p: int, seed: int) -> MeshCase:
 
 
 def _given(rank: int, case: MeshCase, group) -> tuple:
-    g = torch.Generator().manual_seed(1000 * case.seed + rank)
+    g = case.generator(rank)
     return (torch.randint(-99, 100, (case.size,), generator=g).float(), case.d, case.t, case.p)
 
 

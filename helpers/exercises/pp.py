@@ -50,12 +50,12 @@ def _b(case: Case) -> int:
 
 
 def _weight(case: Case, rank: int) -> torch.Tensor:
-    g = torch.Generator().manual_seed(1000 * case.seed + rank)
+    g = case.generator(rank)
     return torch.randn(H, H, generator=g)
 
 
 def _micro_batches(case: Case) -> list[torch.Tensor]:
-    g = torch.Generator().manual_seed(1000 * case.seed + 999)
+    g = case.generator(999)
     return list(torch.randn(case.size * _b(case), H, generator=g).split(_b(case)))
 
 
@@ -261,7 +261,7 @@ def _stage_inputs(case: Case) -> list[list[torch.Tensor]]:
 
 
 def _grad_outputs(case: Case) -> list[torch.Tensor]:
-    g = torch.Generator().manual_seed(1000 * case.seed + 998)
+    g = case.generator(998)
     return list(torch.randn(case.size * _b(case), H, generator=g).split(_b(case)))
 
 
@@ -323,7 +323,7 @@ def _hint_backward(case: Case, rank: int, got, want, given) -> str | None:
 
 
 def _comm_backward(case: Case, calls: list) -> str | None:
-    p, m, nbytes = case.world, case.size, _b(case) * H * 4
+    m, nbytes = case.size, _b(case) * H * 4
     for rank, made in enumerate(calls):
         other = sorted({c.op for c in made} - P2P)
         if other:

@@ -57,7 +57,7 @@ def _weights(case: Case) -> tuple[torch.Tensor, torch.Tensor]:
 def _given(rank: int, case: Case, group) -> tuple:
     """Rank r's s/t rows of x, its 4h/t rows of `up` and the same 4h/t columns of `down`."""
     t = case.world
-    g = torch.Generator().manual_seed(1000 * case.seed + rank)
+    g = case.generator(rank)
     x = torch.randn(case.size // t, H, generator=g)
     up, down = _weights(case)
     return x, up.chunk(t, dim=0)[rank].clone(), down.chunk(t, dim=1)[rank].clone()
@@ -231,7 +231,7 @@ def _mlp_given(rank: int, case: Case, group) -> tuple:
     """The whole x (rows × h, the same on every rank, as f leaves it), rank r's 4h/t rows of
     `up` and the same 4h/t columns of `down`."""
     t = case.world
-    x = torch.randn(case.size, H, generator=torch.Generator().manual_seed(1000 * case.seed + 999))
+    x = torch.randn(case.size, H, generator=case.generator(999))
     up, down = _weights(case)
     return x, up.chunk(t, dim=0)[rank].clone(), down.chunk(t, dim=1)[rank].clone()
 

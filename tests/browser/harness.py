@@ -376,7 +376,6 @@ class Notebook:
         self.console: list[str] = []
         self.page.on("console", self._on_console)
         self.page.on("pageerror", lambda e: self.console.append(f"pageerror: {e}"))
-        self.polls_failed: list[str] = []  # JupyterLab's own polling that the server failed
         self.seen_errors = 0
         self.dialogs: list[str] = []
         self.ids = 0
@@ -513,7 +512,6 @@ class Notebook:
             and "checkpoints" not in path  # the file browser refreshing a folder
         if ("status of 5" in message.text and message.text.startswith("Failed to load resource")
                 and (path.startswith(POLLED_BY_JUPYTERLAB) or folder_list)):
-            self.polls_failed.append(f"{message.text} ({url})")
             print(f"\n{self.name}: JupyterLab's poll failed once: {message.text} ({url})")
             return
         self.console.append(f"{message.type}: {message.text}" + (f" ({url})" if url else ""))
