@@ -36,6 +36,14 @@ class Measurement:
                 f"(IQR {format_seconds(q1)} – {format_seconds(q3)}, n={len(self.times_s)})")
 
 
+def wait(seconds: float) -> None:
+    """Sleep (no CPU) until `seconds` have passed; loops in case a sleep wakes up early. Wait
+    mode's stand-in for compute: a rank that waits leaves its core to the others."""
+    deadline = time.perf_counter() + seconds
+    while (left := deadline - time.perf_counter()) > 0:
+        time.sleep(left)
+
+
 def measure(fn: Callable[[], object], what: str, repeat: int = 5, warmup: int = 1,
             sync: Callable[[], object] | None = None) -> Measurement:
     """Time `fn()` `repeat` times after `warmup` untimed calls.

@@ -39,6 +39,7 @@ from helpers.models import make_batch, make_mlp, mlp_layers, mlp_loss
 from helpers.parallel.groups import global_rank, group_rank, group_size, rank_device
 from helpers.parallel.pp import (Mailbox, backward_input, backward_weight, record_forward,
                                  stage_range)
+from helpers.timing import wait
 
 MODES = ("compute", "wait")
 
@@ -132,13 +133,6 @@ def run_lecture_forward(ranks, p: int = 2, m: int = 4, config: MLPConfig = LECTU
 # ------------------------------------------------------------------------------------------
 # 2. Schedules with backward, asynchronous messages and an event log.
 # ------------------------------------------------------------------------------------------
-
-def _wait(seconds: float) -> None:
-    """Sleep (no CPU) until `seconds` have passed; loops in case a sleep wakes up early."""
-    deadline = time.perf_counter() + seconds
-    while (left := deadline - time.perf_counter()) > 0:
-        time.sleep(left)
-
 
 class SplitCheck(NamedTuple):
     """`split_backward_check`'s findings, each True when the split matches the whole backward."""
@@ -234,7 +228,7 @@ def pipeline_rank(rank, world_size, schedule: str, m: int, v: int, mode: str, t_
                     losses.append(tape.out.item())
                 out = tape.out
             else:
-                _wait(seconds[i])
+                wait(seconds[i])
                 tape, out = None, placeholder
             saved[key] = tape
             peak = max(peak, len(saved))
@@ -250,7 +244,7 @@ def pipeline_rank(rank, world_size, schedule: str, m: int, v: int, mode: str, t_
                 tape.out.backward(None if s == last else received)  # weight grads accumulate
                 grad_in = tape.inp.grad if tape.inp is not None else None
             else:
-                _wait(seconds[i])
+                wait(seconds[i])
                 if key not in split:
                     saved.pop(key)
             end = time.perf_counter()
@@ -261,7 +255,7 @@ def pipeline_rank(rank, world_size, schedule: str, m: int, v: int, mode: str, t_
             if compute:
                 backward_weight(work)
             else:
-                _wait(seconds[i])
+                wait(seconds[i])
             end = time.perf_counter()
         events.append(Event(me, a.kind, a.chunk, a.mb, start, end))
     mail.flush()
