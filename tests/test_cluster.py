@@ -203,11 +203,12 @@ def test_ranks_sit_on_their_nodes_and_cross_bytes_only_between_nodes(ranks):
     assert "nodes=(0, 0, 1, 1)" in repr(ranks)
 
     # The ring 0→1→2→3→0 crosses the link twice: ranks 1 and 3 each send their whole
-    # 2(n−1)/n share, 1.5 × the buffer, over it. Headers add 3–5 % on a 1500-byte MTU.
+    # 2(n−1)/n share, 1.5 × the buffer, over it. Headers add 5 % on a 1500-byte MTU, and the
+    # receivers' acknowledgements cross too (a shaped flow's segments are not merged): 7–13 %.
     before = ranks.wire_bytes()
     assert ranks.run(all_reduce_ones, nbytes) == [4.0] * 4
     consecutive = ranks.wire_bytes() - before
-    assert 2 * 1.5 * nbytes < consecutive < 2 * 1.5 * nbytes * 1.10
+    assert 2 * 1.5 * nbytes < consecutive < 2 * 1.5 * nbytes * 1.15
 
     ranks.place((0, 1, 0, 1))  # now every hop of the ring crosses
     where = ranks.run(cluster.whereabouts)
@@ -215,7 +216,7 @@ def test_ranks_sit_on_their_nodes_and_cross_bytes_only_between_nodes(ranks):
     before = ranks.wire_bytes()
     assert ranks.run(all_reduce_ones, nbytes) == [4.0] * 4
     interleaved = ranks.wire_bytes() - before
-    assert 4 * 1.5 * nbytes < interleaved < 4 * 1.5 * nbytes * 1.10
+    assert 4 * 1.5 * nbytes < interleaved < 4 * 1.5 * nbytes * 1.15
     assert ranks.cluster.drops() == 0
 
 

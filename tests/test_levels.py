@@ -159,7 +159,8 @@ def test_the_benchmarks_functions_answer_in_their_shapes(on_nodes):
 
 def test_on_two_nodes_hierarchical_equals_all_reduce_and_the_link_counts_the_formulas_bytes(on_nodes):
     # The first measured byte counts of the course: the kernel's shapers against the formulas,
-    # with 0–10 % on top for Ethernet, IP and TCP headers (≈ 5 % on a 1500-byte MTU). The
+    # with 0–15 % on top for Ethernet, IP and TCP headers (≈ 5 % on a 1500-byte MTU) and the
+    # receivers' acknowledgements. The
     # consecutive placement first (the ranks' own), then one restart for the alternating one.
     n = 512 * 1024
     for placement in (CONSECUTIVE, ALTERNATING):
@@ -168,10 +169,10 @@ def test_on_two_nodes_hierarchical_equals_all_reduce_and_the_link_counts_the_for
         for difference, close in on_nodes.run(both_sums, placement, 1000):
             assert difference == 0.0 and close
         hierarchical = lab.wire_bytes_per_all_reduce(on_nodes, n, hierarchical=True, calls=2)
-        assert 1.0 < hierarchical / sum(ab.hierarchical_uplink_bytes(n, placement)) < 1.10
+        assert 1.0 < hierarchical / sum(ab.hierarchical_uplink_bytes(n, placement)) < 1.15
         if placement == CONSECUTIVE:  # the alternating flat ring's bytes: tests/test_cluster.py
             flat = lab.wire_bytes_per_all_reduce(on_nodes, n, hierarchical=False, calls=2)
-            assert 1.0 < flat / sum(ab.flat_uplink_bytes(n, placement)) < 1.10
+            assert 1.0 < flat / sum(ab.flat_uplink_bytes(n, placement)) < 1.15
     assert on_nodes.cluster.drops() == 0
 
 

@@ -250,7 +250,7 @@ def time_level(rank: int, world_size: int, placement: tuple[int, ...], level: st
         return None
     group = inside if level == cost.INSIDE else across
     # Each size is warmed up right before it is timed, not all sizes first: the link's shaper
-    # (a token bucket) lets the first 64 KiB after a pause through at full speed, and
+    # (a token bucket) lets its burst after a pause through at full speed, and
     # the warm-up calls spend that burst, so the timed calls see the link's rate.
     return [t for op in ops for n in sizes
             for t in time_on_group(op, n, iters, warmup, rounds, group)]
