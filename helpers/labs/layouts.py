@@ -29,11 +29,12 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from helpers.checks import check_choice
 from helpers.configs import TRANSFORMER, TransformerConfig
 from helpers.cost.alpha_beta import Fit, coefficients, fit_alpha_beta
 from helpers.cost.parallel3d import (BYTES_PER_FLOAT, LAYOUTS_4, Breakdown, Calibration, Comparison,
-                                     Shape, cluster_summary, measured_breakdown,
-                                     plan_calibration, predict, stages_used)
+                                     Shape, cluster_summary, measured_breakdown, micro_batch,
+                                     plan_calibration, predict, shapes_used, stages_used)
 from helpers.labs.parallel3d import Rank3D, Trainer3D, check_3d, cpu_tensors
 from helpers.layout import Layout, Split, blocks_on, placements
 from helpers.models import Block, Head, Transformer, lm_loss
@@ -42,34 +43,49 @@ from helpers.parallel.groups import split_groups
 from helpers.parallel.parallel3d import Stage
 from helpers.parallel.tp import counting
 from helpers.parallel.tp_transformer import shard_block, shard_dim
+from helpers.parallel.wait_mode import WaitBlock, WaitHead, attention_share
 from helpers.timing import times_of
+
+MODES = ("compute", "wait")  # the real model, or every piece waiting its time alone
 
 # ----------------------------------------------------------------------------------------
 # Rank side: the layouts kept built between calls.
 # ----------------------------------------------------------------------------------------
 
 CACHED_LAYOUTS = 12  # built layouts a rank keeps (least recently used dropped beyond)
-# (Layout, config) → (Trainer3D, its first step as a Rank3D), on the world in _WORLD
+# (Layout, config, waits) → (Trainer3D, its first step as a Rank3D), on the world in _WORLD
 _TRAINERS: OrderedDict = OrderedDict()
 _WORLD: list = []
 
 
-def _trainer(rank: int, world_size: int, layout: Layout, config: TransformerConfig):
+def layout_waits(layout: Layout, config: TransformerConfig, waits) -> tuple | None:
+    """(block_s, head_s) of `layout`'s micro-batch in wait mode, from `waits` (pairs
+    (Shape, seconds): `wait_mode_seconds`); None (compute mode) for None."""
+    if waits is None:
+        return None
+    seconds = dict(waits)
+    tokens = micro_batch(layout, config) * config.seq
+    return seconds[Shape("block", tokens, layout.t)], seconds[Shape("head", tokens, 1)]
+
+
+def _trainer(rank: int, world_size: int, layout: Layout, config: TransformerConfig,
+             waits=None):
     """This rank's built `layout` and the record of its first step, from the cache or built
     now: the first step (from the fresh model: what `train_3d` with steps=1 returns) is the
     untimed warm-up of the optimizer's state, DDP's buckets and the first-call kernels. A new
     world process group (LiveRanks re-formed it) destroyed every sub-group: the cache starts
-    over."""
+    over. `waits`: wait mode (`layout_waits`)."""
     if not _WORLD or _WORLD[0] is not dist.group.WORLD:
         _TRAINERS.clear()
         _WORLD[:] = [dist.group.WORLD]
-    key = (layout, config)
+    key = (layout, config, waits)
     if key in _TRAINERS:
         _TRAINERS.move_to_end(key)
         return _TRAINERS[key]
     if len(_TRAINERS) >= CACHED_LAYOUTS:  # every rank drops the same one: groups stay paired
         _TRAINERS.popitem(last=False)[1][0].close()
-    trainer = Trainer3D(rank, world_size, layout.d, layout.t, layout.p, layout.m, config)
+    trainer = Trainer3D(rank, world_size, layout.d, layout.t, layout.p, layout.m, config,
+                        waits=layout_waits(layout, config, waits))
     result = trainer.step(keep_grads=True)
     losses = [result.loss] if result.loss is not None else None
     first = Rank3D(rank, trainer.me, losses, result.grads,
@@ -86,10 +102,10 @@ def first_step(rank: int, world_size: int, layout: Layout,
 
 
 def build_layout(rank: int, world_size: int, layout: Layout,
-                 config: TransformerConfig = TRANSFORMER) -> None:
+                 config: TransformerConfig = TRANSFORMER, waits=None) -> None:
     """Rank function: build the cached `layout` if needed (its first step included), returning
     nothing: what must happen before bytes on a link are counted for its steps alone."""
-    _trainer(rank, world_size, layout, config)
+    _trainer(rank, world_size, layout, config, waits)
 
 
 def forget_layouts(rank: int, world_size: int) -> int:
@@ -109,9 +125,10 @@ class RankSteps:
 
 
 def step_layout(rank: int, world_size: int, layout: Layout,
-                config: TransformerConfig = TRANSFORMER, steps: int = 3) -> RankSteps:
+                config: TransformerConfig = TRANSFORMER, steps: int = 3,
+                waits=None) -> RankSteps:
     """Rank function: `steps` timed training steps of the cached `layout` (see `_trainer`)."""
-    trainer = _trainer(rank, world_size, layout, config)[0]
+    trainer = _trainer(rank, world_size, layout, config, waits)[0]
     results = [trainer.step(timeline=True) for _ in range(steps)]
     return RankSteps(tuple(tuple(r.spans) for r in results),
                      tuple(r.loss for r in results if r.loss is not None))
@@ -162,10 +179,26 @@ class CalibrationPoints:
     lateness: dict
 
 
-def _piece(shape: Shape, config: TransformerConfig, group):
+def _piece(shape: Shape, config: TransformerConfig, group, waits=None):
     """One rank's piece at `shape`, as the step runs it: a block of the model sharded over
-    `group` (t ranks; its TP all-reduces inside), or the head and the loss."""
-    return shard_block(Block(config), group) if shape.part == "block" else Head(config)
+    `group` (t ranks; its TP all-reduces inside), or the head and the loss; with `waits`,
+    their wait-mode stand-ins."""
+    seconds = None if waits is None else dict(waits)[shape]
+    if shape.part == "block":
+        block = shard_block(Block(config), group)
+        return block if waits is None else WaitBlock(
+            block, seconds, attention_share(config.hidden, config.seq), group)
+    return Head(config) if waits is None else WaitHead(Head(config), seconds)
+
+
+def _piece_step(piece, shape: Shape, config: TransformerConfig, generator):
+    """A call that runs one forward + backward of `piece` on a micro-batch of its shape."""
+    rows = shape.tokens // config.seq
+    x = torch.randn(rows, config.seq, config.hidden, generator=generator, requires_grad=True)
+    if shape.part == "block":
+        return lambda: piece(x).square().mean().backward()
+    targets = torch.randint(config.vocab, (rows, config.seq), generator=generator)
+    return lambda: lm_loss(piece(x), targets).backward()
 
 
 def _gather(value: float) -> list[float]:
@@ -191,7 +224,7 @@ def _lateness(per_rank: list[list[float]], size: int) -> float:
 
 def calibrate(rank: int, world_size: int, layouts=LAYOUTS_4,
               config: TransformerConfig = TRANSFORMER, repeat: int = 5,
-              placed=None, nodes=None) -> CalibrationPoints:
+              placed=None, nodes=None, waits=None) -> CalibrationPoints:
     """Rank function: time, on every rank at once, each compute `Shape` the layouts use
     (forward + backward: a block sharded over t ranks as in the step, with groups side by
     side, or the head and loss), the TP all-reduces inside those blocks (while the other
@@ -207,7 +240,8 @@ def calibrate(rank: int, world_size: int, layouts=LAYOUTS_4,
     On a cluster, `nodes` is the node of each rank now and `placed` the (layout, placement)
     pairs to price (`plan_calibration`): every group term is timed on groups lying as the
     step's do (`blocks_on`: inside a node, or across the link), each block sharded on the
-    ways its TP groups lie; a shape's compute is the mean over them."""
+    ways its TP groups lie; a shape's compute is the mean over them. `waits`: the pieces in
+    wait mode, as the steps run them (`wait_mode_seconds`)."""
     placed = tuple((lay, None) for lay in layouts) if placed is None else tuple(placed)
     nodes = (0,) * world_size if nodes is None else tuple(nodes)
     plan = plan_calibration(placed, config)
@@ -218,14 +252,8 @@ def calibrate(rank: int, world_size: int, layouts=LAYOUTS_4,
     for shape, split in plan.tp:
         if split not in groups:
             groups[split] = split_groups(blocks_on(nodes, split))
-        piece = _piece(shape, config, groups[split])
-        rows = shape.tokens // config.seq
-        x = torch.randn(rows, config.seq, config.hidden, generator=generator, requires_grad=True)
-        targets = torch.randint(config.vocab, (rows, config.seq), generator=generator)
-        if shape.part == "block":
-            step = lambda: piece(x).square().mean().backward()  # noqa: E731
-        else:
-            step = lambda: lm_loss(piece(x), targets).backward()  # noqa: E731
+        step = _piece_step(_piece(shape, config, groups[split], waits), shape, config,
+                           generator)
         with counting() as log:
             dist.barrier()
             times = _timings(step, repeat)
@@ -282,6 +310,22 @@ def calibrate(rank: int, world_size: int, layouts=LAYOUTS_4,
         optimizer[key] = statistics.fmean(_gather(statistics.fmean(_timings(opt.step, repeat))))
     return CalibrationPoints(world=world_size, compute_s=compute, alone_s=alone, tp=tuple(tp),
                              comm=tuple(comm), optimizer_s=optimizer, lateness=lateness)
+
+
+def time_alone(rank: int, world_size: int, shapes, config: TransformerConfig,
+               repeat: int = 5) -> dict:
+    """Rank function: each unsharded `Shape`'s forward + backward, timed on rank 0 alone (the
+    others wait in a broadcast, using no core): {shape: median seconds}, on every rank."""
+    out = [None]
+    if rank == 0:
+        generator = torch.Generator().manual_seed(0)
+        out[0] = {}
+        for shape in shapes:
+            piece = Block(config) if shape.part == "block" else Head(config)
+            step = _piece_step(piece, shape, config, generator)
+            out[0][shape] = statistics.median(_timings(step, repeat))
+    dist.broadcast_object_list(out, src=0)  # the others wait here, using no core
+    return out[0]
 
 
 def _optimizer_on(t: int, p: int, stage: int, config: TransformerConfig):
@@ -371,12 +415,12 @@ def first_steps(ranks, layout: Layout, config: TransformerConfig = TRANSFORMER) 
 
 
 def run_layout(ranks, layout: Layout, config: TransformerConfig = TRANSFORMER,
-               steps: int = 3) -> Run:
+               steps: int = 3, waits=None) -> Run:
     """`steps` timed steps of `layout` on the live ranks (built on the first call, kept
-    between calls); the median step is broken down."""
+    between calls); the median step is broken down. `waits`: wait mode."""
     check_3d(layout.d, layout.t, layout.p, layout.m, config)
     ranks.resize(layout.world)
-    results = ranks.run(step_layout, layout, config, steps)
+    results = ranks.run(step_layout, layout, config, steps, waits)
     per_step = [tuple(r.timelines[i] for r in results) for i in range(steps)]
     times = [max(span.end for spans in step for span in spans) for step in per_step]
     median = sorted(range(steps), key=times.__getitem__)[(steps - 1) // 2]
@@ -420,6 +464,17 @@ def measure(ranks, layouts=LAYOUTS_4, config: TransformerConfig = TRANSFORMER,
     return Measured(runs, fit_calibration(points))
 
 
+def wait_mode_seconds(ranks, layouts, config: TransformerConfig, repeat: int = 5) -> tuple:
+    """Wait mode's time per micro-batch for every compute `Shape` the layouts use, as pairs
+    (Shape, seconds): the unsharded shape's forward + backward timed alone on one core
+    (`time_alone`), a block cut t ways taking 1/t of it (TP splits its matmuls evenly; with a
+    processor per rank, as on GPUs, the t shards run side by side)."""
+    shapes = shapes_used(layouts, config)
+    ones = sorted({Shape(s.part, s.tokens, 1) for s in shapes})
+    alone = ranks.run(time_alone, ones, config, repeat)[0]
+    return tuple((s, alone[Shape(s.part, s.tokens, 1)] / s.t) for s in shapes)
+
+
 # ----------------------------------------------------------------------------------------
 # Parent side: the same layouts on emulated nodes, in each placement that differs.
 # ----------------------------------------------------------------------------------------
@@ -428,7 +483,7 @@ def measure(ranks, layouts=LAYOUTS_4, config: TransformerConfig = TRANSFORMER,
 # that a step's TP activations outweigh its gradients, as in a real run (there, per rank and
 # step, 4·(layers/p)·2 all-reduces of b·s·h against one of the parameters / t); a wider model
 # on this few tokens would make every placement a DP all-reduce, the same either way.
-CLUSTER_CONFIG = TRANSFORMER.with_(vocab=256, hidden=32, seq=64, batch=64)
+CLUSTER_CONFIG = TRANSFORMER.with_(vocab=256, hidden=32, seq=64, batch=128)
 
 
 def placed_layouts(layouts=LAYOUTS_4, nodes: int = 2) -> tuple:
@@ -440,10 +495,12 @@ def placed_layouts(layouts=LAYOUTS_4, nodes: int = 2) -> tuple:
 @dataclass(frozen=True)
 class PlacedMeasured:
     """Every round's `Run` of each (layout, placement), the bytes one of its steps sent over
-    the link (median over rounds, from the shapers' counters), and the calibration."""
+    the link (median over rounds, from the shapers' counters), the calibration, and in wait
+    mode the pieces' waits (`wait_mode_seconds`; None: compute mode)."""
     runs: dict            # (Layout, placement) → [Run per round]
     wire_bytes: dict      # (Layout, placement) → bytes per step across the link
     calibration: Calibration
+    waits: tuple | None = None
 
     def median_run(self, key) -> Run:
         runs = sorted(self.runs[key], key=lambda r: r.step_s)
@@ -455,12 +512,16 @@ class PlacedMeasured:
 
 
 def measure_placed(ranks, placed=None, config: TransformerConfig = CLUSTER_CONFIG,
-                   rounds: int = 1, steps: int = 3, repeat: int = 5) -> PlacedMeasured:
+                   rounds: int = 1, steps: int = 3, repeat: int = 5,
+                   mode: str = "compute") -> PlacedMeasured:
     """On live ranks on emulated nodes (`LiveRanks(world, nodes=n)`): each round, for each
     placement in turn, `ranks.place` it (the ranks restart on their nodes), then run `steps`
     steps of each layout placed so; the round's calibration is timed on the first placement,
     with groups lying inside a node and across the link as the layouts' do. The link's
-    counters give each layout's bytes across per step. `repeat`: calibration timings per term."""
+    counters give each layout's bytes across per step. `repeat`: calibration timings per term.
+    `mode`: "compute" (the real model) or "wait" (`helpers.parallel.wait_mode`: every piece
+    waits its time alone on one core, timed first; steps and calibration alike)."""
+    check_choice("mode", mode, MODES)
     if not ranks.nodes:
         raise ValueError("measure_placed needs ranks on emulated nodes: LiveRanks(4, nodes=2) "
                          "(where namespaces cannot be made, LiveRanks says why)")
@@ -472,30 +533,35 @@ def measure_placed(ranks, placed=None, config: TransformerConfig = CLUSTER_CONFI
     runs = {key: [] for key in placed}
     wire = {key: [] for key in placed}
     points = []
+    waits = None
+    if mode == "wait":
+        ranks.place(next(iter(by_placement)))
+        waits = wait_mode_seconds(ranks, tuple(lay for lay, _ in placed), config, repeat)
     for _ in range(rounds):
         for i, (placement, layouts) in enumerate(by_placement.items()):
             ranks.place(placement)
             if i == 0:
                 points.append(ranks.run(calibrate, tuple(lay for lay, _ in placed), config,
-                                        repeat, placed=placed, nodes=placement)[0])
+                                        repeat, placed=placed, nodes=placement,
+                                        waits=waits)[0])
             for lay in layouts:
-                ranks.run(build_layout, lay, config)  # built, connections made: not counted
+                ranks.run(build_layout, lay, config, waits)  # connections made: not counted
                 before = ranks.wire_bytes()
-                runs[(lay, placement)].append(run_layout(ranks, lay, config, steps))
+                runs[(lay, placement)].append(run_layout(ranks, lay, config, steps, waits))
                 wire[(lay, placement)].append((ranks.wire_bytes() - before) / steps)
     return PlacedMeasured(runs, {k: statistics.median(v) for k, v in wire.items()},
-                          fit_calibration(points))
+                          fit_calibration(points), waits)
 
 
 def cluster_layouts(ranks, config: TransformerConfig = CLUSTER_CONFIG, rounds: int = 1,
-                    steps: int = 3) -> dict:
+                    steps: int = 3, mode: str = "compute") -> dict:
     """The benchmark's record of every 4-rank layout in each placement on the ranks' emulated
     nodes (`LiveRanks(4, nodes=2)`): "layouts", one row per (layout, placement) {d, t, p, m,
     placement, nodes, step_s, predicted_s, rel_error, wire_bytes_per_step}; then
     median_rel_error, max_rel_error, best_measured, best_predicted, best_predicted_slower,
     orders, gaps, tp_ratios and tp_across_over_inside (`helpers.cost.parallel3d.ClusterSummary`)."""
     ranks.resize(4)
-    return cluster_record(measure_placed(ranks, None, config, rounds, steps), config)
+    return cluster_record(measure_placed(ranks, None, config, rounds, steps, mode=mode), config)
 
 
 def cluster_record(measured: PlacedMeasured, config: TransformerConfig = CLUSTER_CONFIG) -> dict:

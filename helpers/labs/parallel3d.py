@@ -27,6 +27,7 @@ from helpers.parallel.parallel3d import Clock, Shard, Stage, pipeline_step, stag
 from helpers.parallel.pp import Mailbox
 from helpers.parallel.tp import counting
 from helpers.parallel.tp_transformer import check_tensor_degree, shard_block
+from helpers.parallel.wait_mode import to_wait_mode
 from helpers.parallel.trace import Span
 
 
@@ -97,11 +98,16 @@ class Trainer3D:
     """One rank's share of a layout, built once and stepped as often as asked: its mesh
     coordinates and groups, its stage (blocks TP-sharded) inside `BucketedDDP` on the DP
     group, the optimizer, its slice of the batch in micro-batches and its 1F1B plan.
-    `close()` destroys the groups."""
+    `close()` destroys the groups.
+
+    `waits` (block_s, head_s): wait mode (`helpers.parallel.wait_mode`), each block and the
+    head waiting that long per micro-batch forward + backward instead of computing, the
+    collectives and hops unchanged; the losses and gradients are then not the model's."""
 
     def __init__(self, rank: int, world_size: int, d: int, t: int, p: int, m: int,
                  config: TransformerConfig = TRANSFORMER, lr: float | None = None,
-                 optimizer: str = "adamw", bucket_size_mb: float = 25.0):
+                 optimizer: str = "adamw", bucket_size_mb: float = 25.0,
+                 waits: tuple[float, float] | None = None):
         self.mesh = check_3d(d, t, p, m, config)
         _check_training(1, optimizer, lr)
         self.config, self.p, self.m = config, p, m
@@ -110,6 +116,8 @@ class Trainer3D:
         try:
             self.stage = Stage(make_transformer(config), self.me.pp, p,
                                functools.partial(shard_block, group=self.groups.tp))
+            if waits is not None:
+                to_wait_mode(self.stage, *waits, config, self.groups.tp)
             self.shards = stage_shards(self.stage, t, self.me.tp)
             self.model = BucketedDDP(self.stage, bucket_size_mb, group=self.groups.dp)
             self.opt = make_optimizer(optimizer, self.model.parameters(), lr)
