@@ -57,6 +57,10 @@ from helpers.launch.shipping import (changed_files, loads_frames, pack, shown_pa
 
 # Most rank processes one kernel keeps alive at once (None: `max_cpu_world_size()`).
 LIVE_RANK_LIMIT: int | None = None
+# On emulated nodes the ranks restart with every placement, and each builds an optimizer, whose
+# first parameter group imports torch._dynamo (1.5 s of a core, per rank and restart): the
+# cluster's launcher imports it once, and the ranks it forks have it.
+CLUSTER_PRELOAD = ("torch._dynamo",)
 # Fork ranks from a launcher that imported torch once (Linux only: see helpers.launch.worker).
 FORK_RANKS = sys.platform.startswith("linux")
 # The parent waits this much longer than the collective timeout before it stops waiting for
@@ -444,7 +448,7 @@ class LiveRanks:
             if not self._folders:
                 self._folders.append(private_folder())
             if FORK_RANKS and not self._launchers:
-                self._launchers.append(Launcher(env))
+                self._launchers.append(Launcher(env, CLUSTER_PRELOAD if self.nodes else ()))
         launcher = self._launchers[0] if self._launchers else None
         if launcher is not None:
             launcher.wait_ready(_START_S)  # importing torch: an interrupt may land here

@@ -61,11 +61,11 @@ def _parent_config(fd: int) -> dict:
 class Launcher:
     """The notebook's end of one launcher (see `worker._launcher_main`): one per LiveRanks."""
 
-    def __init__(self, env: dict):
+    def __init__(self, env: dict, preload: tuple = ()):
         ours, theirs = socket.socketpair()
         try:
-            self.process = _python(LAUNCHER_BOOT, _parent_config(theirs.fileno()),
-                                   theirs.fileno(), env)
+            config = dict(_parent_config(theirs.fileno()), preload=list(preload))
+            self.process = _python(LAUNCHER_BOOT, config, theirs.fileno(), env)
         finally:
             theirs.close()
         self.sock = ours

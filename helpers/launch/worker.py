@@ -37,6 +37,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import functools
+import importlib
 import io
 import mmap
 import multiprocessing.connection as mpc
@@ -440,11 +441,14 @@ def _stderr_to(path: str) -> None:
 def _launcher_main(config: dict) -> None:
     """The launcher: started as `python -c LAUNCHER_BOOT`, it imports torch once, then forks
     a rank per request and reaps one only when asked. When its socket closes (the notebook
-    closed it or died) it kills and reaps every rank it forked, then exits."""
+    closed it or died) it kills and reaps every rank it forked, then exits. `preload`: more
+    modules to import once here rather than in every rank."""
     _die_with_parent(config["parent_pid"], config["pdeathsig"])
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     import torch  # noqa: F401  (what every rank would otherwise import again)
     import torch.distributed  # noqa: F401
+    for module in config.get("preload", ()):
+        importlib.import_module(module)
     sock = socket.socket(fileno=config["fd"])
     conn = mpc.Connection(os.dup(sock.fileno()))
     children: set[int] = set()
