@@ -515,7 +515,8 @@ def measure_placed(ranks, placed=None, config: TransformerConfig = CLUSTER_CONFI
                    rounds: int = 1, steps: int = 3, repeat: int = 5,
                    mode: str = "compute") -> PlacedMeasured:
     """On live ranks on emulated nodes (`LiveRanks(world, nodes=n)`): each round, for each
-    placement in turn, `ranks.place` it (the ranks restart on their nodes), then run `steps`
+    placement in turn (the ranks' own first), `ranks.place` it (the ranks restart on their
+    nodes), then run `steps`
     steps of each layout placed so; the round's calibration is timed on the first placement,
     with groups lying inside a node and across the link as the layouts' do. The link's
     counters give each layout's bytes across per step. `repeat`: calibration timings per term.
@@ -528,6 +529,8 @@ def measure_placed(ranks, placed=None, config: TransformerConfig = CLUSTER_CONFI
     placed = placed_layouts(LAYOUTS_4, ranks.nodes) if placed is None else tuple(placed)
     placed = tuple((lay.check(config), tuple(pl)) for lay, pl in placed)
     by_placement: dict = {}
+    if ranks.placement in {pl for _, pl in placed}:  # start where the ranks are: no restart
+        by_placement[ranks.placement] = []
     for lay, pl in placed:
         by_placement.setdefault(pl, []).append(lay)
     runs = {key: [] for key in placed}
