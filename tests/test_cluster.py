@@ -204,7 +204,7 @@ def test_ranks_sit_on_their_nodes_and_cross_bytes_only_between_nodes(ranks):
 
     # The ring 0→1→2→3→0 crosses the link twice: ranks 1 and 3 each send their whole
     # 2(n−1)/n share, 1.5 × the buffer, over it. Headers add 5 % on a 1500-byte MTU, and the
-    # receivers' acknowledgements cross too (a shaped flow's segments are not merged): 7–13 %.
+    # receivers' acknowledgements cross too (a shaped flow's segments are not merged): 5–13 %.
     before = ranks.wire_bytes()
     assert ranks.run(all_reduce_ones, nbytes) == [4.0] * 4
     consecutive = ranks.wire_bytes() - before

@@ -224,7 +224,7 @@ def run_small_sweep(ranks, op: str, world_size: int,
 
 LEVEL_OPS = ("all_reduce", "all_gather", "reduce_scatter", "send_recv")
 # Across the link everything moves at about 60 MB/s: 1 MiB costs ~17 ms a call, so stop there.
-# Its shaper is a token bucket (16 KiB or half a millisecond of the link): a message a rank
+# Its shaper is a token bucket (64 KiB, or half a millisecond of the link): a message a rank
 # sends within it, after a pause, crosses at loopback speed, so sizes near it are on neither
 # the α line nor the β line. The link's sizes skip them: up to 16 KiB (α), then 512 KiB
 # (256 KiB a rank for the ops that split it over 2) and 1 MiB (β).
@@ -259,9 +259,8 @@ def time_level(rank: int, world_size: int, placement: tuple[int, ...], level: st
 def measure_levels(ranks, ops=LEVEL_OPS, sizes: dict | None = None, iters: int = 20,
                    rounds: int = 1) -> dict[str, list[Timing]]:
     """{level: its Timings}: each op swept inside a node and across nodes (see `time_level`).
-    20 calls a size: a small message's time across the shaped link is bimodal (a call that
-    waits for the shaper's timer on a busy core takes milliseconds), and a median of 10 could
-    land on either mode."""
+    20 calls a size: across the shaped link a call sometimes waits milliseconds for a busy
+    core, and the fit's low quantile (`cost.bench.uncontended_time`) needs calls that did not."""
     check_ops(ops)
     nodes = ranks.nodes or 2
     check_int(f"ranks per node (world_size / {nodes} nodes; the level inside needs 2)",

@@ -56,7 +56,7 @@ MAX_LINK_BPS = 100e9
 # (NVIDIA's H100 and ConnectX-7 data sheets). The default link is this much slower than loopback.
 DEFAULT_LINK_RATIO = 12
 BURST_S = 0.0005            # tbf's burst: this much of the link's time, at least ...
-BURST_MIN_BYTES = 16384     # ... this many bytes (see Cluster._shape)
+BURST_MIN_BYTES = 65536     # ... this many bytes (see Cluster._shape)
 NETWORK = "198.18.0"        # node i is NETWORK.(i+1)/24
 UPLINK = "uplink"           # the node's end of its link, the same name in every node
 _PREFIX = "plab"
@@ -243,11 +243,13 @@ class EmulatedCluster:
 
     def _shape(self, verb: str) -> None:
         # burst: the bytes that may pass faster than the link after it was idle. A wire has
-        # none, so keep it small: half a millisecond of the link, at least 16 KiB (a few
-        # packets; tbf cuts a larger TCP segment into packets). With 4 ms of burst (272 KB at
+        # none, so keep it small: half a millisecond of the link, at least 64 KiB (a segment
+        # the kernel hands tbf whole can be that large). With 4 ms of burst (272 KB at
         # 540 Mbit/s) a pipeline hop of 128 KiB that followed some compute crossed at nearly
-        # loopback speed, where back-to-back transfers ran at the link's rate. The queue
-        # holds 200 ms, so that TCP's bursts wait instead of being dropped.
+        # loopback speed, where back-to-back transfers ran at the link's rate. Smaller than
+        # 64 KiB, back-to-back small messages wait for the shaper's timer on busy cores, and
+        # the link's α–β fit missed its own sweep by 10-50 %. The queue holds 200 ms, so
+        # that TCP's bursts wait instead of being dropped.
         burst = max(BURST_MIN_BYTES, int(self.link_bps / 8 * BURST_S))
         for netns, dev in self._ends():
             _run("tc", "-n", netns, "qdisc", verb, "dev", dev, "root", "tbf",
