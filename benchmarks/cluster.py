@@ -13,7 +13,9 @@ loopback all-reduce bandwidth / 12):
 * the hierarchical all-reduce's time over the flat ring's, measured;
 * notebook 07's 4-rank layouts in each placement that differs, measured and predicted by
   the two-level cost model (helpers.labs.layouts.cluster_layouts; no coefficient fitted to
-  step times).
+  step times), in wait mode (every piece of compute waits its time alone on one core, as
+  with a processor per rank: helpers.parallel.wait_mode), the targets' regime; then the same
+  with the real model computing on the shared cores ("compute_mode", the plain CPU result).
 Prints the pieces, then one JSON line. Needs root and iproute2 (see docs/emulated_nodes.md);
 elsewhere it says what is missing and exits 2.
 """
@@ -34,6 +36,8 @@ from helpers.launch.live import loopback_bandwidth
 from helpers.ranks import LiveRanks
 
 LAYOUT_FIELDS = ("d", "t", "p", "m", "placement", "step_s", "predicted_s", "rel_error")
+SUMMARY_FIELDS = ("median_rel_error", "best_measured", "best_predicted", "best_predicted_slower",
+                  "orders", "tp_across_over_inside")
 
 
 def main(argv=None) -> dict | None:
@@ -58,7 +62,8 @@ def main(argv=None) -> dict | None:
         wire = wire_bytes_per_all_reduce(ranks, nbytes, hierarchical=False)
         formula = sum(flat_uplink_bytes(nbytes, placement_of(ranks)))
         ratio = hierarchical_vs_flat_all_reduce(ranks)
-        layouts = cluster_layouts(ranks, rounds=args.rounds, steps=args.steps)
+        layouts = cluster_layouts(ranks, rounds=args.rounds, steps=args.steps, mode="wait")
+        plain = cluster_layouts(ranks, rounds=args.rounds, steps=args.steps, mode="compute")
         link = ranks.link_bps
     by_level = {r["level"]: r for r in levels}
     measured_ratio = by_level["loopback"]["beta_s_per_byte"] and (
@@ -71,10 +76,13 @@ def main(argv=None) -> dict | None:
     print(f"one flat all-reduce of {nbytes / 2**20:g} MiB per rank on 2×2: {wire:,.0f} bytes on "
           f"the link, the ring's formula {formula:,.0f} ({wire / formula - 1:+.1%})")
     print(f"hierarchical / flat all-reduce time: {ratio:.2f}")
-    for row in layouts["layouts"]:
-        print(f"  {row['d']}·{row['t']}·{row['p']} {row['placement']:<14} measured "
-              f"{1e3 * row['step_s']:7.1f} ms, predicted {1e3 * row['predicted_s']:7.1f} ms "
-              f"({row['rel_error']:.0%})")
+    for mode, record in (("wait mode", layouts), ("compute mode", plain)):
+        print(f"{mode}: median |error| {record['median_rel_error']:.0%}, TP across / inside "
+              f"{record['tp_across_over_inside']:.2f}, orders {record['orders']}")
+        for row in record["layouts"]:
+            print(f"  {row['d']}·{row['t']}·{row['p']} {row['placement']:<24} measured "
+                  f"{1e3 * row['step_s']:7.1f} ms, predicted {1e3 * row['predicted_s']:7.1f} ms "
+                  f"({row['rel_error']:+.0%})")
     print(f"load average (1, 5, 15 min): before {load_before}, after {os.getloadavg()}")
     record = {
         "link_bps": link,
@@ -85,8 +93,9 @@ def main(argv=None) -> dict | None:
         "levels": levels,
         "hierarchical_vs_flat_all_reduce": round(ratio, 4),
         "layouts": [{k: row[k] for k in LAYOUT_FIELDS} for row in layouts["layouts"]],
-        **{k: layouts[k] for k in ("median_rel_error", "best_measured", "best_predicted",
-                                   "tp_across_over_inside")},
+        **{k: layouts[k] for k in SUMMARY_FIELDS},
+        "mode": "wait",
+        "compute_mode": {k: plain[k] for k in SUMMARY_FIELDS},
     }
     print(json.dumps(record))
     return record
