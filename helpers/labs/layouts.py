@@ -18,7 +18,9 @@ model (`helpers.cost.parallel3d`) needs.
 * `measure_placed`: the same on emulated nodes (`LiveRanks(4, nodes=2)`), each layout in each
   placement that differs (`helpers.layout.placements`), the calibration timing every term
   inside a node and across the link, the link's counters giving each layout's bytes across;
-  `cluster_layouts` is its benchmark record.
+  `cluster_layouts` is its benchmark record. With mode="wait" every piece of compute waits
+  its time alone on one core (`wait_mode_seconds`, `helpers.parallel.wait_mode`), steps and
+  calibration alike: a processor per rank, as on GPUs.
 """
 from __future__ import annotations
 
@@ -482,7 +484,9 @@ def wait_mode_seconds(ranks, layouts, config: TransformerConfig, repeat: int = 5
 # The decoder on the cluster: narrower and with more tokens than notebook 07's flat run, so
 # that a step's TP activations outweigh its gradients, as in a real run (there, per rank and
 # step, 4·(layers/p)·2 all-reduces of b·s·h against one of the parameters / t); a wider model
-# on this few tokens would make every placement a DP all-reduce, the same either way.
+# on this few tokens would make every placement a DP all-reduce, the same either way. 128
+# sequences, so that a TP all-reduce's time on the link outweighs gloo's cost per call (with
+# 64, 1·2·2's TP across took only 1.3× TP inside, even in wait mode).
 CLUSTER_CONFIG = TRANSFORMER.with_(vocab=256, hidden=32, seq=64, batch=128)
 
 
