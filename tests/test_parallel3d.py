@@ -226,6 +226,58 @@ def test_the_widget_shows_text_and_both_figures_in_one_update(four):
     assert all(o["data"]["image/png"] for o in out.outputs[1:])
 
 
+# --- wait mode (helpers.parallel.wait_mode): the same calls, compute replaced by waits ------
+# (before torch's pieces: the ranks are warm here, and some of those tests restart them)
+
+BLOCK_S, HEAD_S = 0.01, 0.004
+
+
+def _calls_of_a_wait_mode_step(rank, world_size, layout, config, waits):
+    """One rank's torch.distributed calls in its second step (the first builds DDP's buckets),
+    its compute spans' total and its loss."""
+    from helpers.exercises.calls import recorded_calls
+    trainer = lab3d.Trainer3D(rank, world_size, layout.d, layout.t, layout.p, layout.m, config,
+                        waits=waits)
+    try:
+        trainer.step()
+        with recorded_calls() as calls:
+            result = trainer.step(timeline=True)
+        compute = sum(s.end - s.start for s in result.spans if s.kind == "compute")
+        return [(c.op, c.nbytes, c.shape, c.peer, c.group) for c in calls], compute, result.loss
+    finally:
+        trainer.close()
+
+
+@pytest.mark.parametrize("layout", [Layout(1, 2, 2, 2), Layout(2, 2, 1, 1)])
+def test_a_wait_mode_step_makes_the_real_steps_calls_and_waits_its_pieces(four, layout):
+    real = four.run(_calls_of_a_wait_mode_step, layout, SMALL, None)
+    waited = four.run(_calls_of_a_wait_mode_step, layout, SMALL, (BLOCK_S, HEAD_S))
+    for rank, ((calls, _, _), (wait_calls, compute, loss)) in enumerate(zip(real, waited)):
+        assert any(op == "all_reduce" for op, *_ in calls)
+        # the same calls; DDP's bucket may go a little earlier or later among the TP calls (a
+        # waiting piece hands over all its parameters' gradients at once)
+        assert sorted(wait_calls, key=repr) == sorted(calls, key=repr), f"rank {rank}"
+        stage = layout.coords(rank).pp
+        pieces = SMALL.layers // layout.p * BLOCK_S + (HEAD_S if stage == layout.p - 1 else 0)
+        assert compute >= layout.m * pieces
+        if stage == layout.p - 1:  # zero logits: the loss of a uniform guess
+            assert math.isclose(loss, math.log(SMALL.vocab), rel_tol=1e-6)
+
+
+def test_wait_mode_seconds_time_each_unsharded_piece_and_cut_a_block_t_ways(four):
+    from helpers.cost.parallel3d import Shape, shapes_used
+    from helpers.labs.layouts import wait_mode_seconds
+    layouts = (Layout(1, 4, 1), Layout(2, 2, 1), Layout(1, 1, 4, 4))
+    waits = dict(wait_mode_seconds(four, layouts, SMALL, repeat=2))
+    assert sorted(waits) == shapes_used(layouts, SMALL)
+    for shape, seconds in waits.items():
+        assert seconds > 0
+        if shape.t > 1:
+            alone = waits.get(Shape(shape.part, shape.tokens, 1))
+            if alone is not None:
+                assert math.isclose(seconds * shape.t, alone)
+
+
 # --- PyTorch's own pieces -----------------------------------------------------------------
 
 def test_torch_device_mesh_tp_fsdp2_and_pipelining_together_on_8_ranks(eight, one_step):
@@ -285,54 +337,3 @@ def test_reference_is_plain_training():
     assert reference.loss == loss.item()
     assert all(torch.equal(reference.grads[n], q.grad) for n, q in model.named_parameters())
     assert not dist.is_initialized()
-
-
-# -- wait mode (helpers.parallel.wait_mode): the same calls, compute replaced by waits -------------
-
-BLOCK_S, HEAD_S = 0.01, 0.004
-
-
-def _calls_of_a_wait_mode_step(rank, world_size, layout, config, waits):
-    """One rank's torch.distributed calls in its second step (the first builds DDP's buckets),
-    its compute spans' total and its loss."""
-    from helpers.exercises.calls import recorded_calls
-    trainer = lab3d.Trainer3D(rank, world_size, layout.d, layout.t, layout.p, layout.m, config,
-                        waits=waits)
-    try:
-        trainer.step()
-        with recorded_calls() as calls:
-            result = trainer.step(timeline=True)
-        compute = sum(s.end - s.start for s in result.spans if s.kind == "compute")
-        return [(c.op, c.nbytes, c.shape, c.peer, c.group) for c in calls], compute, result.loss
-    finally:
-        trainer.close()
-
-
-@pytest.mark.parametrize("layout", [Layout(1, 2, 2, 2), Layout(2, 2, 1, 1)])
-def test_a_wait_mode_step_makes_the_real_steps_calls_and_waits_its_pieces(four, layout):
-    real = four.run(_calls_of_a_wait_mode_step, layout, SMALL, None)
-    waited = four.run(_calls_of_a_wait_mode_step, layout, SMALL, (BLOCK_S, HEAD_S))
-    for rank, ((calls, _, _), (wait_calls, compute, loss)) in enumerate(zip(real, waited)):
-        assert any(op == "all_reduce" for op, *_ in calls)
-        # the same calls; DDP's bucket may go a little earlier or later among the TP calls (a
-        # waiting piece hands over all its parameters' gradients at once)
-        assert sorted(wait_calls, key=repr) == sorted(calls, key=repr), f"rank {rank}"
-        stage = layout.coords(rank).pp
-        pieces = SMALL.layers // layout.p * BLOCK_S + (HEAD_S if stage == layout.p - 1 else 0)
-        assert compute >= layout.m * pieces
-        if stage == layout.p - 1:  # zero logits: the loss of a uniform guess
-            assert math.isclose(loss, math.log(SMALL.vocab), rel_tol=1e-6)
-
-
-def test_wait_mode_seconds_time_each_unsharded_piece_and_cut_a_block_t_ways(four):
-    from helpers.cost.parallel3d import Shape, shapes_used
-    from helpers.labs.layouts import wait_mode_seconds
-    layouts = (Layout(1, 4, 1), Layout(2, 2, 1), Layout(1, 1, 4, 4))
-    waits = dict(wait_mode_seconds(four, layouts, SMALL, repeat=2))
-    assert sorted(waits) == shapes_used(layouts, SMALL)
-    for shape, seconds in waits.items():
-        assert seconds > 0
-        if shape.t > 1:
-            alone = waits.get(Shape(shape.part, shape.tokens, 1))
-            if alone is not None:
-                assert math.isclose(seconds * shape.t, alone)
