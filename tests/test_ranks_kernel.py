@@ -144,8 +144,8 @@ def kernel_state(kc) -> dict:
     execute(kc, "live = LiveRanks(2, timeout=120)")
     return value(kc, "{'kernel': os.getpid(), 'ranks': [r['pid'] for r in "
                      "live.run(rank_fns.identity)], 'folder': live._folders[0], "
-                     "'children': [int(p) for p in os.listdir('/proc') if p.isdigit() and "
-                     "open(f'/proc/{p}/stat').read().rsplit(')', 1)[1].split()[1] == str(os.getpid())]}")
+                     "'children': [p for p, (ppid, _) in processes().items() "
+                     "if ppid == os.getpid()]}")  # processes(): skips a pid that exits meanwhile
 
 
 def check_gone(state, km):
