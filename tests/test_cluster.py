@@ -73,33 +73,44 @@ def test_placement_is_checked():
 
 # -- the cluster itself ---------------------------------------------------------------------
 
-def _qdiscs(netns: str, dev: str) -> list[dict]:
-    out = subprocess.run(["tc", "-j", "-n", netns, "qdisc", "show", "dev", dev],
-                         capture_output=True, text=True, check=True).stdout
-    return json.loads(out)
+def _qdiscs(c: cluster.EmulatedCluster, netns: str, dev: str) -> list[dict]:
+    return json.loads(c.run_in(netns, "tc", "-j", "qdisc", "show", "dev", dev))
+
+
+def netns_inode_of(pid: str) -> int | None:
+    try:
+        return os.stat(f"/proc/{pid}/ns/net").st_ino
+    except OSError:
+        return None
 
 
 @needs_namespaces
 def test_cluster_is_made_shaped_at_both_ends_and_removed():
     with cluster.EmulatedCluster(3, 200e6) as c:
-        names = mine()
-        assert sorted(names) == sorted([c.switch] + [n.netns for n in c.node_infos])
+        if c.named:  # root: named namespaces, this process's pid in their names
+            assert sorted(mine()) == sorted([c.switch] + [n.netns for n in c.node_infos])
+        else:        # an ordinary user: none named, each held open by this process
+            assert mine() == [] and c.named is False
+        inodes = {os.stat(n.netns_path).st_ino for n in c.node_infos}
+        assert len(inodes) == 3 and os.stat("/proc/self/ns/net").st_ino not in inodes
         assert [n.address for n in c.node_infos] == ["198.18.0.1", "198.18.0.2", "198.18.0.3"]
         for netns, dev in c._ends():
-            (tbf,) = [q for q in _qdiscs(netns, dev) if q["kind"] == "tbf"]
+            (tbf,) = [q for q in _qdiscs(c, netns, dev) if q["kind"] == "tbf"]
             assert tbf["options"]["rate"] == 200e6 / 8  # tc reports bytes per second
         c.set_link(50e6)
-        (tbf,) = [q for q in _qdiscs(c.switch, "port2") if q["kind"] == "tbf"]
+        (tbf,) = [q for q in _qdiscs(c, c.switch, "port2") if q["kind"] == "tbf"]
         assert tbf["options"]["rate"] == 50e6 / 8
         # Nothing outside reaches in: the node's only link is the uplink into the switch.
-        links = subprocess.run(["ip", "-n", c.node(0).netns, "-j", "link"], capture_output=True,
-                               text=True, check=True).stdout
-        assert sorted(link["ifname"] for link in json.loads(links)) == ["lo", cluster.UPLINK]
+        links = json.loads(c.run_in(c.node(0).netns, "ip", "-j", "link"))
+        assert sorted(link["ifname"] for link in links) == ["lo", cluster.UPLINK]
     assert mine() == [] and c.closed
 
 
 @needs_namespaces
 def test_stale_namespaces_of_a_dead_owner_are_removed_and_a_live_owners_kept():
+    if os.geteuid() != 0:
+        pytest.skip("only root's namespaces have names that can outlive their owner; an "
+                    "ordinary user's die with it (test_an_ordinary_user_makes_nodes_…)")
     script = textwrap.dedent("""
         import sys, time
         from helpers.launch.cluster import EmulatedCluster
@@ -135,48 +146,102 @@ def test_an_owner_ended_by_a_signal_removes_its_nodes_and_ranks():
         from helpers.ranks import LiveRanks
         from helpers.launch.cluster import whereabouts
         ranks = LiveRanks(2, nodes=2, link_bps=1e9)
-        ranks.run(whereabouts)
-        print(ranks.cluster.switch, *ranks.pids, flush=True)
+        inodes = [w.netns_inode for w in ranks.run(whereabouts)]
+        print(ranks.cluster.switch, *inodes, *ranks.pids, flush=True)
         time.sleep(60)
     """)
     owner = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE,
                              stderr=subprocess.DEVNULL, text=True)
     try:
-        switch, *pids = owner.stdout.readline().split()
-        assert switch in cluster.our_namespaces()
+        switch, *numbers = owner.stdout.readline().split()
+        inodes, pids = set(map(int, numbers[:2])), list(map(int, numbers[2:]))
+        named = os.geteuid() == 0  # an ordinary user's namespaces have no name to look for
+        assert (switch in cluster.our_namespaces()) == named
         owner.send_signal(signum)
         assert owner.wait(timeout=30) == -signum
         assert switch not in cluster.our_namespaces()
-        for pid in map(int, pids):
+        for pid in pids:
             with pytest.raises(ProcessLookupError):
                 os.kill(pid, 0)
+        assert [pid for pid in os.listdir("/proc")
+                if pid.isdigit() and netns_inode_of(pid) in inodes] == []
     finally:
         owner.kill()
         owner.wait()
 
 
-def test_without_root_one_line_says_so_and_the_ranks_run_flat(tmp_path):
-    """Not root: the ranks still run, on loopback, after one line. `unshare --user` makes this
-    process an ordinary user (uid 65534, no capabilities outside its own user namespace)
-    that can still read the checkout, which `setpriv` to nobody could not where the
-    interpreter lives in root's home."""
-    script = ("import os\n"
-              "from helpers.ranks import LiveRanks\n"
-              "from helpers.launch.cluster import whereabouts\n"
-              "with LiveRanks(2, nodes=2) as ranks:\n"
-              "    print(os.geteuid(), [w.address for w in ranks.run(whereabouts)], ranks.placement)\n")
+def _as_ordinary_user(tmp_path, script: str, *mapping: str) -> subprocess.CompletedProcess:
+    """Run `script` as a process that is not root: `unshare --user` puts it in a user
+    namespace of its own without capabilities outside it. The interpreter may live in root's
+    home, which `setpriv` to nobody could not read; here the files stay readable."""
     try:
-        done = subprocess.run(["unshare", "--user", sys.executable, "-c", script],
+        done = subprocess.run(["unshare", "--user", *mapping, sys.executable, "-c", script],
                               cwd=str(tmp_path), capture_output=True, text=True, timeout=120)
     except FileNotFoundError:
         pytest.skip("util-linux's unshare is missing")
-    if "unshare failed" in done.stderr:
+    if done.returncode and done.stderr.startswith("unshare:"):
         pytest.skip(f"this kernel refuses user namespaces: {done.stderr.strip()}")
+    return done
+
+
+def test_an_ordinary_user_makes_nodes_in_a_user_namespace_and_leaves_nothing(tmp_path):
+    """Not root, with the uid mapped (as an ordinary user's is): the nodes are made inside a
+    user namespace of this user's, the ranks join them, the link shapes and counts, and at
+    the end the owner holds no namespace and no process is left in the nodes."""
+    if MISSING:
+        pytest.skip(MISSING)
+    script = textwrap.dedent("""
+        import json, os
+        from helpers.ranks import LiveRanks
+        from helpers.launch import cluster
+
+        with LiveRanks(2, nodes=2, link_bps=1e9) as ranks:
+            where = ranks.run(cluster.whereabouts)
+            before = ranks.wire_bytes()
+            ranks.run(cluster.loopback_busbw, 1024**2, iters=1)  # two all-reduces of 1 MiB
+            crossed = ranks.wire_bytes() - before
+            named = ranks.cluster.named
+        def kind(fd):  # what an open descriptor is ("net:[…]" for a namespace)
+            try:
+                return os.readlink(f"/proc/self/fd/{fd}")
+            except OSError:  # the descriptor listdir itself used
+                return ""
+        held = [k for k in map(kind, os.listdir("/proc/self/fd")) if k.startswith(("net:", "user:"))]
+        print(json.dumps(dict(uid=os.geteuid(), named=named, crossed=crossed,
+                              addresses=[w.address for w in where],
+                              inodes=[w.netns_inode for w in where], held=held)))
+    """)
+    done = _as_ordinary_user(tmp_path, script, "--map-user=1000", "--map-group=1000")
     assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == "65534 ['127.0.0.1', '127.0.0.1'] None"
+    assert "Traceback" not in done.stderr
+    got = json.loads(done.stdout)
+    assert (got["uid"], got["named"], got["held"]) == (1000, False, [])
+    assert got["addresses"] == ["198.18.0.1", "198.18.0.2"]
+    # Each all-reduce of the two-rank ring sends the whole buffer each way over the link;
+    # headers add 5-13 %.
+    assert 2 * 2 * 1024**2 < got["crossed"] < 2 * 2 * 1024**2 * 1.15
+    nodes = set(got["inodes"])
+    assert len(nodes) == 2 and os.stat("/proc/self/ns/net").st_ino not in nodes
+    left = [pid for pid in os.listdir("/proc") if pid.isdigit() and netns_inode_of(pid) in nodes]
+    assert left == []
+
+
+def test_where_the_kernel_refuses_one_line_says_so_and_the_ranks_run_flat(tmp_path):
+    """Not root, and no user namespace of its own to be had (here: a uid left unmapped, which
+    may not make one): one line says so as the ranks are asked for, and they are the flat
+    network's (LiveRanks without nodes, tested everywhere else)."""
+    script = ("import os\n"
+              "from helpers.ranks import LiveRanks\n"
+              "ranks = LiveRanks(2, nodes=2)\n"
+              "print(os.geteuid(), ranks.nodes, ranks.placement, ranks.link_bps)\n")
+    done = _as_ordinary_user(tmp_path, script)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "65534 None None None"
     notices = [line for line in done.stderr.splitlines() if line.startswith("helpers.ranks:")]
-    assert notices == ["helpers.ranks: emulated nodes need root (named network namespaces: "
-                       "`ip netns add`); the 2 ranks run on the flat network"]
+    assert len(notices) == 1
+    assert notices[0].startswith("helpers.ranks: emulated nodes need root, or user namespaces "
+                                 "for an ordinary user, which were refused here (`unshare -Urn`: ")
+    assert notices[0].endswith("); the 2 ranks run on the flat network")
     assert "Traceback" not in done.stderr
 
 
@@ -226,7 +291,7 @@ def test_set_link_reshapes_running_ranks(ranks):
     ranks.set_link(100e6)
     try:
         assert ranks.pids == pids  # the same ranks, a slower link
-        (tbf,) = [q for q in _qdiscs(ranks.cluster.node(0).netns, cluster.UPLINK)
+        (tbf,) = [q for q in _qdiscs(ranks.cluster, ranks.cluster.node(0).netns, cluster.UPLINK)
                   if q["kind"] == "tbf"]
         assert tbf["options"]["rate"] == 100e6 / 8
     finally:
@@ -235,12 +300,13 @@ def test_set_link_reshapes_running_ranks(ranks):
 
 def test_a_failed_call_removes_the_nodes_and_the_next_call_makes_them_again(ranks):
     ranks.run(cluster.whereabouts)
-    first = ranks.cluster.switch
+    first = ranks.cluster
     with pytest.raises(Exception, match="rank 1 fails on purpose"):
         ranks.run(fail_on_rank_1)
-    assert first not in cluster.our_namespaces() and ranks.cluster is None
+    assert first.closed and first.switch not in cluster.our_namespaces()
+    assert ranks.cluster is None
     assert ranks.run(all_reduce_ones, 1024) == [4.0] * 4
-    assert ranks.cluster.switch != first
+    assert ranks.cluster.switch != first.switch
 
 
 def test_resize_keeps_nodes_whole(ranks):

@@ -22,16 +22,28 @@ kernels, this one's included, so the slow level differs from the fast one in ban
 its α is loopback's plus whatever the shaping adds.
 
 A rank joins its node with `join` (libc's setns: Python 3.11 has no `os.setns`) before it
-opens a socket. Names carry the owner's pid; `remove_stale` removes only those whose owner is
-dead, so test suites running side by side leave each other's clusters alone. Needs root (or
-CAP_SYS_ADMIN) and iproute2; `missing()` says in one line what is absent, and the caller
-keeps the flat network.
+opens a socket. Needs iproute2, and one of two ways to make namespaces:
+
+* as root, named namespaces (`ip netns add`). Names carry the owner's pid; `remove_stale`
+  removes only those whose owner is dead, so test suites running side by side leave each
+  other's clusters alone.
+* as an ordinary user, where the kernel allows user namespaces: `unshare -Urn` makes a user
+  namespace (in which this user is root) with the switch's network namespace, and one
+  `unshare -n` per node makes the nodes' inside it. No name can be given there (`ip netns
+  add` needs root outside), so the owner holds each namespace by an open file descriptor:
+  the kernel frees them, links and qdiscs included, when the owner closes them or dies, even
+  by SIGKILL, and nothing can go stale. Commands run inside with `nsenter`, and a rank joins
+  the user namespace first, then its node's.
+
+`missing()` says in one line what is absent (no Linux, no iproute2, neither way works), and
+the caller keeps the flat network.
 """
 from __future__ import annotations
 
 import atexit
 import contextlib
 import ctypes
+import functools
 import itertools
 import json
 import os
@@ -62,7 +74,6 @@ UPLINK = "uplink"           # the node's end of its link, the same name in every
 _PREFIX = "plab"
 _NAME = re.compile(rf"^{_PREFIX}(\d+)c(\d+)(?:n\d+|sw)$")
 _SERIAL = itertools.count(1)
-_CLONE_NEWNET = 0x40000000
 _NETNS_DIR = "/run/netns"   # where `ip netns add` mounts a named namespace
 # Every open cluster of this process, closed at interpreter exit and by live.py's SIGTERM/SIGHUP
 # handler (`close_all`).
@@ -104,9 +115,32 @@ def missing() -> str | None:
     for tool in ("ip", "tc"):
         if shutil.which(tool) is None and not os.path.exists(f"/usr/sbin/{tool}"):
             return f"emulated nodes need iproute2's `{tool}` (apt-get install iproute2)"
-    if os.geteuid() != 0:
-        return "emulated nodes need root (named network namespaces: `ip netns add`)"
-    return None
+    if shutil.which("nsenter") is None:
+        return "emulated nodes need util-linux's `nsenter` (apt-get install util-linux)"
+    if os.geteuid() == 0:
+        return None
+    return _user_namespaces_refused()
+
+
+@functools.lru_cache(maxsize=None)
+def _user_namespaces_refused() -> str | None:
+    """Not root: None where this user can make a user namespace and, inside it, a veth pair
+    shaped by tbf (what EmulatedCluster does); otherwise why not, in one line. Asked once
+    per process (about 10 ms)."""
+    if shutil.which("unshare") is None:
+        return "emulated nodes need root, or util-linux's `unshare` for an ordinary user's"
+    probe = (f"{_tool('ip')} link add probe0 type veth peer name probe1 && "
+             f"{_tool('tc')} qdisc add dev probe0 root tbf rate 1mbit burst 65536 latency 200ms")
+    try:
+        done = subprocess.run(["unshare", "-Urn", "sh", "-c", probe], capture_output=True,
+                              text=True, stdin=subprocess.DEVNULL, timeout=30)
+    except (OSError, subprocess.SubprocessError) as error:
+        done = subprocess.CompletedProcess([], 1, "", str(error))
+    if done.returncode == 0:
+        return None
+    why = (done.stderr.strip().splitlines() or [f"status {done.returncode}"])[-1]
+    return (f"emulated nodes need root, or user namespaces for an ordinary user, which were "
+            f"refused here (`unshare -Urn`: {why})")
 
 
 def _tool(name: str) -> str:
@@ -121,10 +155,27 @@ def _run(*args: str) -> str:
     return done.stdout
 
 
-def _shaper_count(netns: str, dev: str, field: str) -> int:
-    """One counter ("bytes", "drops", ...) of the tbf shaper on `dev` in `netns` (`tc -s -j`)."""
-    stats = json.loads(_run("tc", "-s", "-j", "-n", netns, "qdisc", "show", "dev", dev))
-    return sum(int(q.get(field, 0)) for q in stats if q.get("kind") == "tbf")
+def _hold(command: list[str]) -> subprocess.Popen:
+    """Start a process that makes a namespace and holds it until its stdin closes; once it
+    said "ready". Its own session: a Ctrl-C at a terminal is not its to receive."""
+    proc = subprocess.Popen([_tool(command[0]), *command[1:]], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            start_new_session=True)
+    try:
+        line = proc.stdout.readline()  # "ready", or nothing once it failed
+        if line.strip() != b"ready":
+            proc.wait(timeout=30)
+            why = proc.stderr.read().decode(errors="replace").strip() or proc.returncode
+            raise OSError(f"`{' '.join(command[:-3])}` failed: {why}")
+    except BaseException:
+        proc.kill()
+        proc.wait()
+        proc.stdin.close()
+        raise
+    finally:
+        proc.stdout.close()
+        proc.stderr.close()
+    return proc
 
 
 def _pid_alive(pid: int) -> bool:
@@ -158,28 +209,44 @@ def remove_stale() -> list[str]:
     return removed
 
 
-def join(netns_path: str) -> None:
-    """Move the calling thread (a rank, before it starts any thread) into a node's namespace."""
+def join(*paths: str) -> None:
+    """Move the calling process (a rank, before it starts any thread: the kernel lets only a
+    single-threaded process join a user namespace) into each namespace in turn: a node's
+    `NodeInfo.namespaces`."""
     libc = ctypes.CDLL(None, use_errno=True)
-    fd = os.open(netns_path, os.O_RDONLY)
+    # Every path is opened first: once inside a user namespace, the owner's /proc entries
+    # (the paths of `EmulatedCluster._keep`) are no longer this process's to open.
+    fds = [os.open(path, os.O_RDONLY) for path in paths]
     try:
-        if libc.setns(fd, _CLONE_NEWNET) != 0:
-            err = ctypes.get_errno()
-            raise OSError(err, f"setns into {netns_path}: {os.strerror(err)}")
+        for path, fd in zip(paths, fds):
+            if libc.setns(fd, 0) != 0:  # 0: whatever kind of namespace `path` is
+                err = ctypes.get_errno()
+                raise OSError(err, f"setns into {path}: {os.strerror(err)}")
     finally:
-        os.close(fd)
+        for fd in fds:
+            os.close(fd)
 
 
 @dataclass(frozen=True)
 class NodeInfo:
-    """Where one node is: its namespace and its address on the link."""
+    """Where one node is: its namespace (a name as root; a label otherwise), the path that
+    opens it, and its address on the link. As an ordinary user, the user namespace that
+    owns it is joined first."""
     index: int
     netns: str
     address: str
+    netns_path: str
+    userns_path: str | None = None
 
     @property
-    def netns_path(self) -> str:
-        return f"{_NETNS_DIR}/{self.netns}"
+    def namespaces(self) -> tuple[str, ...]:
+        """What a process joins, in order, to be on this node (see `join`)."""
+        return tuple(p for p in (self.userns_path, self.netns_path) if p)
+
+
+# A process that holds a new namespace until its stdin closes: it says "ready" once it is in
+# it (unshare and nsenter exec it there, so its pid is theirs).
+_HOLD = ("sh", "-c", "echo ready; exec cat >/dev/null")
 
 
 class EmulatedCluster:
@@ -189,9 +256,9 @@ class EmulatedCluster:
     ...     cluster.node(1).address          # '198.18.0.2'
     ...     cluster.wire_bytes()             # bytes each node sent over its uplink so far
 
-    Made on construction (stale ones of dead owners are removed first), removed by `close`,
-    by the context manager's exit and at interpreter exit; a failure half-way removes what was
-    made and raises one OSError saying which command failed.
+    Made on construction (as root, stale ones of dead owners are removed first), removed by
+    `close`, by the context manager's exit and at interpreter exit; a failure half-way
+    removes what was made and raises one OSError saying which command failed.
     """
 
     def __init__(self, nodes: int, link_bps: float):
@@ -200,39 +267,92 @@ class EmulatedCluster:
         reason = missing()
         if reason:
             raise OSError(reason)
-        remove_stale()
+        self.named = os.geteuid() == 0  # root: `ip netns add`; otherwise a user namespace
+        if self.named:
+            remove_stale()
         base = f"{_PREFIX}{os.getpid()}c{next(_SERIAL)}"
         self.switch = f"{base}sw"
-        self._nodes = tuple(NodeInfo(i, f"{base}n{i}", f"{NETWORK}.{i + 1}")
-                            for i in range(nodes))
-        self._made: list[str] = []
+        self._made: list[str] = []      # named namespaces (root), removed by close
+        self._fds: list[int] = []       # namespaces held open (ordinary user), closed by close
+        self._where: dict[str, tuple[str, ...]] = {}  # a namespace's name: the paths into it
+        self._nodes: tuple[NodeInfo, ...] = ()
         self._lock = threading.Lock()
         _OPEN.add(self)
         try:
-            self._build()
+            if self.named:
+                self._build_named(base)
+            else:
+                self._build_in_user_namespace(base)
         except BaseException:
             self.close()
             raise
 
-    # The names of the namespaces, in the order they were made (a close removes them all).
-    def _add_namespace(self, name: str) -> None:
-        _run("ip", "netns", "add", name)
-        self._made.append(name)
-        _run("ip", "-n", name, "link", "set", "lo", "up")
+    def run_in(self, netns: str, *command: str) -> str:
+        """Run `command` (ip or tc) inside the namespace called `netns` (the switch's, or a
+        node's `NodeInfo.netns`); what it printed. E.g. `run_in(cluster.node(0).netns, "tc",
+        "-s", "qdisc")` shows node 0's shaper and its counters."""
+        where = self._where[netns]
+        enter = [f"--user={where[0]}", "--preserve-credentials"] if len(where) == 2 else []
+        return _run("nsenter", *enter, f"--net={where[-1]}", _tool(command[0]), *command[1:])
 
-    def _build(self) -> None:
-        self._add_namespace(self.switch)
-        _run("ip", "-n", self.switch, "link", "add", "switch", "type", "bridge")
-        _run("ip", "-n", self.switch, "link", "set", "switch", "up")
+    def _build_named(self, base: str) -> None:
+        nodes = []
+        for name in [self.switch] + [f"{base}n{i}" for i in range(self.nodes)]:
+            _run("ip", "netns", "add", name)
+            self._made.append(name)
+            self._where[name] = (f"{_NETNS_DIR}/{name}",)
+        for i in range(self.nodes):
+            name = f"{base}n{i}"
+            nodes.append(NodeInfo(i, name, f"{NETWORK}.{i + 1}", f"{_NETNS_DIR}/{name}"))
+        self._nodes = tuple(nodes)
+        self._link({node.netns: node.netns for node in self._nodes})  # `ip … netns NAME`
+
+    def _build_in_user_namespace(self, base: str) -> None:
+        holders = []
+        try:
+            switch = _hold(["unshare", "-Urn", *_HOLD])
+            holders.append(switch)
+            user = self._keep(f"/proc/{switch.pid}/ns/user")
+            self._where[self.switch] = (user, self._keep(f"/proc/{switch.pid}/ns/net"))
+            nodes, refs = [], {}
+            for i in range(self.nodes):
+                holder = _hold(["nsenter", f"--user={user}", "--preserve-credentials",
+                                "unshare", "-n", *_HOLD])
+                holders.append(holder)
+                name = f"{base}n{i}"
+                net = self._keep(f"/proc/{holder.pid}/ns/net")
+                self._where[name] = (user, net)
+                refs[name] = str(holder.pid)  # `ip … netns PID`, while it holds it
+                nodes.append(NodeInfo(i, name, f"{NETWORK}.{i + 1}", net, user))
+            self._nodes = tuple(nodes)
+            self._link(refs)
+        finally:
+            for holder in holders:  # the open descriptors hold the namespaces from now on
+                holder.stdin.close()
+                holder.wait()
+
+    def _keep(self, path: str) -> str:
+        """Hold the namespace at `path` open; the path through which any process of this
+        user opens it, while this process holds it."""
+        fd = os.open(path, os.O_RDONLY)
+        self._fds.append(fd)
+        return f"/proc/{os.getpid()}/fd/{fd}"
+
+    def _link(self, refs: dict[str, str]) -> None:
+        """The switch, every node's uplink into it, and the shapers. `refs`: how `ip` names
+        each node's namespace (a name, or the pid of a process in it)."""
+        for name in self._where:
+            self.run_in(name, "ip", "link", "set", "lo", "up")
+        self.run_in(self.switch, "ip", "link", "add", "switch", "type", "bridge")
+        self.run_in(self.switch, "ip", "link", "set", "switch", "up")
         for node in self._nodes:
             port = f"port{node.index}"
-            self._add_namespace(node.netns)
-            _run("ip", "link", "add", UPLINK, "netns", node.netns, "type", "veth",
-                 "peer", "name", port, "netns", self.switch)
-            _run("ip", "-n", node.netns, "addr", "add", f"{node.address}/24", "dev", UPLINK)
-            _run("ip", "-n", node.netns, "link", "set", UPLINK, "up")
-            _run("ip", "-n", self.switch, "link", "set", port, "master", "switch")
-            _run("ip", "-n", self.switch, "link", "set", port, "up")
+            self.run_in(self.switch, "ip", "link", "add", port, "type", "veth",
+                     "peer", "name", UPLINK, "netns", refs[node.netns])
+            self.run_in(node.netns, "ip", "addr", "add", f"{node.address}/24", "dev", UPLINK)
+            self.run_in(node.netns, "ip", "link", "set", UPLINK, "up")
+            self.run_in(self.switch, "ip", "link", "set", port, "master", "switch")
+            self.run_in(self.switch, "ip", "link", "set", port, "up")
         self._shape("add")
 
     def _ends(self):
@@ -252,7 +372,7 @@ class EmulatedCluster:
         # that TCP's bursts wait instead of being dropped.
         burst = max(BURST_MIN_BYTES, int(self.link_bps / 8 * BURST_S))
         for netns, dev in self._ends():
-            _run("tc", "-n", netns, "qdisc", verb, "dev", dev, "root", "tbf",
+            self.run_in(netns, "tc", "qdisc", verb, "dev", dev, "root", "tbf",
                  "rate", f"{int(self.link_bps)}bit", "burst", str(burst), "latency", "200ms")
 
     def set_link(self, link_bps: float) -> None:
@@ -272,23 +392,32 @@ class EmulatedCluster:
     def wire_bytes(self) -> list[int]:
         """Bytes (with their Ethernet, IP and TCP headers) each node sent over its uplink since
         the link was made or last changed, as the kernel's shaper counted them."""
-        return [_shaper_count(node.netns, UPLINK, "bytes") for node in self._nodes]
+        return [self._shaper_count(node.netns, UPLINK, "bytes") for node in self._nodes]
 
     def drops(self) -> int:
         """Packets any shaper dropped (its queue was full): a sign of a link set too slow."""
-        return sum(_shaper_count(netns, dev, "drops") for netns, dev in self._ends())
+        return sum(self._shaper_count(netns, dev, "drops") for netns, dev in self._ends())
+
+    def _shaper_count(self, netns: str, dev: str, field: str) -> int:
+        """One counter ("bytes", "drops", ...) of the tbf shaper on `dev` in `netns`."""
+        stats = json.loads(self.run_in(netns, "tc", "-s", "-j", "qdisc", "show", "dev", dev))
+        return sum(int(q.get(field, 0)) for q in stats if q.get("kind") == "tbf")
 
     def close(self) -> None:
-        """Remove every namespace made (their links and qdiscs go with them); idempotent."""
+        """Remove every namespace made (their links and qdiscs go with them) or let go of
+        them (the kernel frees each once no process is left inside); idempotent."""
         with self._lock:
             while self._made:
                 name = self._made.pop()
                 with contextlib.suppress(OSError, subprocess.SubprocessError):
                     _run("ip", "netns", "del", name)
+            while self._fds:
+                with contextlib.suppress(OSError):
+                    os.close(self._fds.pop())
 
     @property
     def closed(self) -> bool:
-        return not self._made
+        return not self._made and not self._fds
 
     def __enter__(self) -> "EmulatedCluster":
         return self

@@ -454,11 +454,11 @@ class LiveRanks:
             launcher.wait_ready(_START_S)  # importing torch: an interrupt may land here
         with sigint_deferred():
             for index in range(len(self._ranks), len(self._ranks) + missing):
-                netns, rank_env = None, env
+                namespaces, rank_env = (), env
                 if self._clusters:  # its node's namespace, its transports on the uplink
-                    netns = self._clusters[0].node(self.placement[index]).netns_path
+                    namespaces = self._clusters[0].node(self.placement[index]).namespaces
                     rank_env = dict(env, **{v: emulated.UPLINK for v in TRANSPORT_VARIABLES})
-                new.append(RankProcess(index, self._folders[0], rank_env, launcher, netns))
+                new.append(RankProcess(index, self._folders[0], rank_env, launcher, namespaces))
                 self._ranks.append(new[-1])
         self._await(new, 0, "start", _START_S)
 

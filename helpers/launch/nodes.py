@@ -63,8 +63,11 @@ PROG = "python -m helpers.run"
 # Each cluster is a set of network namespaces of its own, so the rendezvous port cannot clash
 # with another run's, another test suite's or anything of the host's: torchrun's default.
 RDZV_PORT = 29400
-# After one agent failed: how long the others may take to notice and end on their own.
-GRACE_S = 5.0
+# After one agent failed: how long the others may take to notice and end on their own. Their
+# ranks notice at their next collective (gloo's connection to the failed one is closed), and
+# torchrun looks at its ranks every 0.1 s; a rank that trains on with a rank whose agent died
+# (its session is its own) notices nothing, and waits out the whole grace.
+GRACE_S = 2.0
 # After one agent ended well: how long the others may take to close down (see _Agents.wait).
 DONE_S = 60.0
 # After SIGTERM: how long torchrun may take to end its ranks before everything left is killed.
@@ -197,11 +200,11 @@ class _Agents:
         self.first_failure: int | None = None
 
     def _spawn(self, index: int, command: list[str], env: dict, stdin) -> subprocess.Popen:
-        path = self.cluster.node(index).netns_path
+        paths = self.cluster.node(index).namespaces
         return subprocess.Popen(command, env=env, cwd=_ROOT, stdin=stdin,
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 start_new_session=True,  # a Ctrl-C is the launcher's to pass on
-                                preexec_fn=lambda: _enter(path))
+                                preexec_fn=lambda: _enter(paths))
 
     def _watch(self, proc: subprocess.Popen, key, prefix: str) -> None:
         self.relays[key] = _Relay(prefix, self.out)
@@ -356,12 +359,12 @@ def _await_line(pipe, expected: str, seconds: float) -> str | None:
     return lines[-1].strip() if lines else ""
 
 
-def _enter(netns_path: str) -> None:
+def _enter(paths: tuple[str, ...]) -> None:
     """In the agent's child process, before exec: no signal held back any more (the
     launcher holds them while it starts agents, and exec would keep the mask), then into the
     node's namespace."""
     signal.pthread_sigmask(signal.SIG_SETMASK, [])
-    emulated.join(netns_path)
+    emulated.join(*paths)
 
 
 def _ended(returncode: int) -> str:

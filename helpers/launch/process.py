@@ -176,14 +176,14 @@ class RankProcess:
     """One rank process and the parent's end of its pipe."""
 
     def __init__(self, index: int, folder: str, env: dict, launcher: Launcher | None,
-                 netns: str | None = None):
+                 namespaces: tuple[str, ...] = ()):
         self.index = index
         op_path = os.path.join(folder, f"op-{index}")
         self.op_slot = OpSlot(op_path, create=True)
         self.stderr_path = os.path.join(folder, f"stderr-{index}")
         self.conn, child = mp.Pipe()
         config = dict(_parent_config(child.fileno()), index=index, op_path=op_path,
-                      stderr_path=self.stderr_path, netns=netns)
+                      stderr_path=self.stderr_path, namespaces=namespaces)
         try:
             if launcher is None:
                 self.process = _python(BOOT, config, child.fileno(), env)

@@ -395,9 +395,9 @@ def _status(error: BaseException) -> tuple[str, float | None]:
 def _rank_main(config: dict) -> None:
     """A rank process: started as `python -c BOOT` (or forked, see `_forked_rank`), it serves
     requests until its pipe closes (the parent closed it or died)."""
-    if config.get("netns"):  # an emulated node: join it before any thread or socket exists
+    if config.get("namespaces"):  # an emulated node: join it before any thread or socket exists
         from helpers.launch.cluster import join
-        join(config["netns"])
+        join(*config["namespaces"])
     conn = mpc.Connection(config["fd"])
     _die_with_parent(config["parent_pid"], config["pdeathsig"])
     _stderr_to(config["stderr_path"])
