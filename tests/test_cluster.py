@@ -275,8 +275,11 @@ def test_ranks_sit_on_their_nodes_and_cross_bytes_only_between_nodes(ranks):
     consecutive = ranks.wire_bytes() - before
     assert 2 * 1.5 * nbytes < consecutive < 2 * 1.5 * nbytes * 1.15
 
+    nodes_before, pids_before = ranks.cluster, ranks.pids
     ranks.place((0, 1, 0, 1))  # now every hop of the ring crosses
     where = ranks.run(cluster.whereabouts)
+    # fresh ranks on the same nodes (moving ranks keeps the nodes and the launcher)
+    assert ranks.cluster is nodes_before and not set(ranks.pids) & set(pids_before)
     assert [w.address for w in where] == ["198.18.0.1", "198.18.0.2"] * 2
     before = ranks.wire_bytes()
     assert ranks.run(all_reduce_ones, nbytes) == [4.0] * 4

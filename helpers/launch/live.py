@@ -261,7 +261,7 @@ class LiveRanks:
                              f"got {placement!r}")
         with self._one_at_a_time("place"):
             if placement != self.placement:
-                self._teardown()
+                self._teardown(ranks_only=True)  # the nodes and the launcher stay
             self._placement = placement
         return self
 
@@ -391,15 +391,20 @@ class LiveRanks:
 
     # -- internals ------------------------------------------------------------------------
 
-    def _teardown(self) -> None:
+    def _teardown(self, ranks_only: bool = False) -> None:
         """Kill, reap, remove the folder, with interrupts held back: whatever happens the
-        object is left ready for the next call."""
+        object is left ready for the next call. `ranks_only`: the ranks go, and the launcher,
+        the folder and the emulated nodes stay for the next ones (ranks that only move to
+        other nodes: a new launcher would import torch again, about 2 s on 2 cores)."""
         with sigint_deferred():
             self._group_size = 0
             for index, still in sorted(left_behind(self._ranks).items()):
                 _notice(f"rank {index} had exited before it could be stopped with the processes "
                         f"it started; still running: {', '.join(still)}")
-            kill_all(self._ranks, self._folders, self._launchers, self._clusters)
+            if ranks_only:
+                kill_all(self._ranks, [], [])
+            else:
+                kill_all(self._ranks, self._folders, self._launchers, self._clusters)
             self._module_files.clear()
             self._dirty = False
 
