@@ -94,9 +94,13 @@ def test_measured_breakdown_adds_up_to_the_step():
     got = measured_breakdown([[span("compute", 0, 1), span("tp_comm", 1, 1.5), span("pp_comm", 1.5, 2)],
                               [span("compute", 0, 2), span("dp_comm", 2, 2.5),
                                span("optimizer", 2.5, 3)]], step_s=3.0)
-    assert got == Breakdown(compute_s=1.5, tp_comm_s=0.25, bubble_p2p_s=0.75, dp_comm_s=0.25,
-                            optimizer_s=0.25)
+    # rank 0: 1 + 0.5 + 0.5 in spans, 1 s in none; rank 1: 3 s in spans
+    assert got == Breakdown(compute_s=1.5, tp_comm_s=0.25, p2p_s=0.25, dp_comm_s=0.25,
+                            optimizer_s=0.25, idle_s=0.5)
     assert got.step_s == 3.0
+    # without a pipeline, the time in no span is unattributed, not idle
+    flat = measured_breakdown([[span("compute", 0, 1)]], step_s=1.5, pipelined=False)
+    assert (flat.idle_s, flat.unattributed_s, flat.step_s) == (0.0, 0.5, 1.5)
     with pytest.raises(ValueError, match="span kind must be one of"):
         measured_breakdown([[span("idle", 0, 1)]], 1.0)
 
@@ -136,22 +140,36 @@ def test_views_draw(monkeypatch):
 
     from helpers.views.parallel3d import plot_breakdown, plot_gantt, plot_parity, widget_parallel3d
     rows = [_comparison(Layout(4, 1, 1), 1.0, 1.1), _comparison(Layout(1, 1, 4, 4), 2.0, 1.0)]
+    rows.append(Comparison(Layout(1, 1, 4, 4), Breakdown(1.0, 0.0, 0.25, 0.0, 0.0, idle_s=0.5),
+                           rows[1].predicted))
     span = lambda kind, a, b: SimpleNamespace(kind=kind, start=a, end=b)  # noqa: E731
     figs = [plot_parity(rows), plot_breakdown(rows),
             plot_gantt([[span("compute", 0, 1), span("pp_comm", 1, 2)], [span("dp_comm", 0, 1)]])]
     assert all(isinstance(f, Figure) for f in figs)
-    # the Gantt chart's legend: one entry per kind of span, each in that kind's colour
-    legend = figs[2].axes[0].get_legend()
-    entries = {t.get_text(): h.get_facecolor() for t, h in zip(legend.get_texts(),
-                                                               legend.legend_handles)}
-    assert list(entries) == ["compute", "TP comm", "pipeline p2p", "DP comm", "optimizer"]
-    assert len(set(entries.values())) == 5
+    def legend_of(fig):
+        legend = fig.axes[0].get_legend()
+        return {t.get_text(): tuple(h.get_facecolor()) for t, h in zip(legend.get_texts(),
+                                                                      legend.legend_handles)}
+    # the Gantt chart's legend: one entry per kind of span, each in that kind's colour, and
+    # the gaps (time in no span) named
+    entries = legend_of(figs[2])
+    assert list(entries) == ["compute", "TP comm", "pipeline p2p", "DP comm", "optimizer", "idle"]
+    assert len(set(entries.values())) == 6
     bars = {tuple(b.get_facecolor()) for b in figs[2].axes[0].patches}
-    assert {tuple(entries[k]) for k in ("compute", "pipeline p2p", "DP comm")} == bars
-    # the breakdown's legend sits beside the bars, not over them
+    assert {entries[k] for k in ("compute", "pipeline p2p", "DP comm")} == bars
+    unpiped = plot_gantt([[span("compute", 0, 1)]], pipelined=False)
+    assert list(legend_of(unpiped))[-1] == "unattributed"
+    # the breakdown names every part a bar shows (idle too), in the Gantt's colours
+    parts = legend_of(figs[1])
+    assert list(parts) == ["compute", "pipeline p2p", "idle"]
+    assert all(parts[name] == entries[name] for name in parts)
+    # its legend sits below the bars, not over them, and its title fits in the figure
     from matplotlib.backends.backend_agg import FigureCanvasAgg  # views make plain Figures
-    box = figs[1].axes[0].get_legend().get_window_extent(FigureCanvasAgg(figs[1]).get_renderer())
-    assert box.x0 >= figs[1].axes[0].get_window_extent().x1
+    renderer = FigureCanvasAgg(figs[1]).get_renderer()
+    box = figs[1].axes[0].get_legend().get_window_extent(renderer)
+    assert box.y1 <= figs[1].axes[0].get_window_extent().y0
+    title = figs[1].axes[0].title.get_window_extent(renderer)
+    assert 0 <= title.x0 and title.x1 <= figs[1].bbox.width
     plt.close("all")
     from helpers.configs import TRANSFORMER
     from helpers.views import parallel3d as views
@@ -163,3 +181,18 @@ def test_views_draw(monkeypatch):
     assert len(mesh_box.options) == 6          # every d·t·p = 4 divides the default decoder
     mesh_box.value = next(v for _, v in mesh_box.options if v.p == 4)
     assert m_box.value == 4 and m_box.options == (1, 2, 4, 8)
+
+
+def test_parity_labels_do_not_overprint():
+    """Layouts whose points nearly coincide (as 2·1·2 and 1·1·4 often do) get labels apart."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.text import Annotation
+
+    from helpers.views.parallel3d import plot_parity
+    rows = [_comparison(Layout(4, 1, 1), 0.100, 0.101), _comparison(Layout(2, 1, 2, 4), 0.102, 0.100),
+            _comparison(Layout(1, 1, 4, 4), 0.101, 0.103), _comparison(Layout(1, 4, 1), 0.5, 0.45)]
+    fig = plot_parity(rows)
+    renderer = FigureCanvasAgg(fig).get_renderer()
+    boxes = [a.get_window_extent(renderer) for a in fig.axes[0].texts if isinstance(a, Annotation)]
+    assert len(boxes) == 4
+    assert not any(a.overlaps(b) for i, a in enumerate(boxes) for b in boxes[i + 1:])

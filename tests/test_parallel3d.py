@@ -198,9 +198,11 @@ def test_a_cached_layout_starts_from_the_single_process_step_and_is_built_once(f
     assert four.run(layouts.forget_layouts) == [0] * 4
 
 
-def test_the_widget_shows_text_and_both_figures_in_one_update(four):
+def test_the_widget_shows_text_and_both_figures_in_one_update(four, one_step):
     """A click on run replaces the output with the sentence, the breakdown and the Gantt chart,
-    set as one list of outputs after the run (none left to matplotlib's display hook)."""
+    set as one list of outputs after the run (none left to matplotlib's display hook). The
+    sentence gives the fresh model's first loss, the same on every click, and the loss now,
+    which falls as the layout trains on."""
     import re
 
     from helpers.cost.alpha_beta import Fit
@@ -218,12 +220,21 @@ def test_the_widget_shows_text_and_both_figures_in_one_update(four):
     assert [(v.d, v.t, v.p) for _, v in mesh_box.options] == [(1, 2, 2)]  # the only one priced
     assert m_box.options == (M,)
     assert button.description == f"run 1·2·2 m={M}"   # what a click will run
-    button.click()
-    kinds = [o["output_type"] for o in out.outputs]
-    assert kinds == ["stream", "display_data", "display_data"], out.outputs
-    assert re.fullmatch(r"1·2·2 m=2: measured \d+ ms, predicted \d+ ms \([+-]\d+%\), loss [\d.]+\n",
-                        out.outputs[0]["text"]), out.outputs[0]["text"]
-    assert all(o["data"]["image/png"] for o in out.outputs[1:])
+    sentence = (r"1·2·2 m=2: 1 step \d+ ms, predicted \d+ ms \([+-]\d+%\)\n"
+                r"loss: its first step's loss ([\d.]+) \(the fresh model's: the same on every "
+                r"layout\), ([\d.]+) at this run's first step \(it trains on from run to run\)\n")
+    losses = []
+    for _ in range(2):
+        button.click()
+        kinds = [o["output_type"] for o in out.outputs]
+        assert kinds == ["stream", "display_data", "display_data"], out.outputs
+        found = re.fullmatch(sentence, out.outputs[0]["text"])
+        assert found, out.outputs[0]["text"]
+        losses.append(tuple(map(float, found.groups())))
+        assert all(o["data"]["image/png"] for o in out.outputs[1:])
+    (first, now), (first_again, later) = losses
+    assert first == first_again == pytest.approx(one_step.loss, abs=1e-4)
+    assert later < now
 
 
 # --- wait mode (helpers.parallel.wait_mode): the same calls, compute replaced by waits ------

@@ -282,20 +282,27 @@ def busy_ranks(layout: Layout) -> float:
 @dataclass(frozen=True)
 class Breakdown:
     """One step by cause, in seconds, averaged over the ranks so that the parts add up to the
-    step: compute, TP collectives, the pipeline's idle time and its hops, DP collectives
-    (waits for the slowest replica included), the optimizer step."""
+    step: compute, TP collectives, the pipeline's hops (a wait for the neighbour included),
+    DP collectives (a wait for the slowest replica included), the optimizer step, and the
+    rest. With a pipeline the rest is idle time: a stage waiting in the bubble or for a slower
+    stage. Without one, the rest is unattributed: time outside every span (Python between
+    them), which the model does not price."""
     compute_s: float
     tp_comm_s: float
-    bubble_p2p_s: float
+    p2p_s: float
     dp_comm_s: float
     optimizer_s: float
+    idle_s: float = 0.0
+    unattributed_s: float = 0.0
 
     @property
     def step_s(self) -> float:
         return sum(getattr(self, part) for part in self.PARTS)
 
-    PARTS = ("compute_s", "tp_comm_s", "bubble_p2p_s", "dp_comm_s", "optimizer_s")
-    LABELS = ("compute", "TP comm", "bubble + p2p", "DP comm", "optimizer")
+    PARTS = ("compute_s", "tp_comm_s", "p2p_s", "dp_comm_s", "optimizer_s", "idle_s",
+             "unattributed_s")
+    LABELS = ("compute", "TP comm", "pipeline p2p", "DP comm", "optimizer", "idle",
+              "unattributed")
 
 
 @dataclass(frozen=True)
@@ -303,8 +310,8 @@ class Prediction:
     """The model's step for one layout, and the terms it is made of."""
     layout: Layout
     breakdown: Breakdown
-    bubble_s: float        # idle fill and drain of the pipeline (part of bubble_p2p_s)
-    p2p_s: float           # hops on the critical path (the rest of bubble_p2p_s)
+    bubble_s: float        # idle fill and drain of the pipeline (part of breakdown.idle_s)
+    p2p_s: float           # hops on the critical path (breakdown.p2p_s)
     stage_s: tuple         # one micro-batch's forward + backward (+ TP) per stage
     placement: tuple | None = None  # the node of each rank (None: one flat network)
 
@@ -367,9 +374,11 @@ def predict(layout: Layout, config, calibration: Calibration, placement=None) ->
         bubble = p2p = 0.0
     step = m * slowest + bubble + p2p + max(x + y for x, y in zip(dp, opt))
     mean = statistics.fmean
-    parts = Breakdown(compute_s=mean(compute), tp_comm_s=mean(tp), dp_comm_s=mean(dp),
-                      optimizer_s=mean(opt),
-                      bubble_p2p_s=step - mean(compute) - mean(tp) - mean(dp) - mean(opt))
+    # What the ranks' own work leaves of the step is time they wait: the bubble, a slower
+    # stage, a slower replica's DP and optimizer
+    parts = Breakdown(compute_s=mean(compute), tp_comm_s=mean(tp), p2p_s=p2p,
+                      dp_comm_s=mean(dp), optimizer_s=mean(opt),
+                      idle_s=step - mean(compute) - mean(tp) - p2p - mean(dp) - mean(opt))
     return Prediction(layout, parts, bubble_s=bubble, p2p_s=p2p, stage_s=tuple(stage),
                       placement=None if placement is None else tuple(placement))
 
@@ -381,11 +390,12 @@ def predict(layout: Layout, config, calibration: Calibration, placement=None) ->
 KINDS = ("compute", "tp_comm", "pp_comm", "dp_comm", "optimizer")
 
 
-def measured_breakdown(spans_by_rank: Iterable[Iterable], step_s: float) -> Breakdown:
+def measured_breakdown(spans_by_rank: Iterable[Iterable], step_s: float,
+                       pipelined: bool = True) -> Breakdown:
     """A measured step by cause, from every rank's spans of that step (objects with `kind`,
-    `start`, `end`): compute, TP and DP communication are each the mean over ranks of
-    their spans' summed lengths; the rest of the step, `bubble_p2p_s`, is what the pipeline
-    cost: p2p spans (waits for the neighbour included) and idle gaps."""
+    `start`, `end`): each part is the mean over ranks of its spans' summed lengths; the rest
+    of the step, time inside no span, is `idle_s` with a pipeline (`pipelined`: its ranks wait
+    in the bubble) and `unattributed_s` without one."""
     totals = []
     for spans in spans_by_rank:
         sums = dict.fromkeys(KINDS, 0.0)
@@ -397,9 +407,11 @@ def measured_breakdown(spans_by_rank: Iterable[Iterable], step_s: float) -> Brea
     if not totals:
         raise ValueError("spans_by_rank must hold at least one rank")
     mean = {k: statistics.fmean(s[k] for s in totals) for k in KINDS}
+    rest = step_s - sum(mean.values())
     return Breakdown(compute_s=mean["compute"], tp_comm_s=mean["tp_comm"],
-                     dp_comm_s=mean["dp_comm"], optimizer_s=mean["optimizer"],
-                     bubble_p2p_s=step_s - sum(mean[k] for k in KINDS if k != "pp_comm"))
+                     p2p_s=mean["pp_comm"], dp_comm_s=mean["dp_comm"],
+                     optimizer_s=mean["optimizer"], idle_s=rest if pipelined else 0.0,
+                     unattributed_s=0.0 if pipelined else rest)
 
 
 @dataclass(frozen=True)
@@ -485,12 +497,12 @@ def misses(comparisons: Iterable[Comparison]) -> str:
 
 def table(comparisons: Iterable[Comparison]) -> str:
     """Measured against predicted, one line per layout, times in ms."""
-    head = " ".join(f"{label:>13}" for label in Breakdown.LABELS)
+    head = " ".join(f"{label:>12}" for label in Breakdown.LABELS)
     lines = [f"{'d·t·p':>6} {'m':>2} | {'measured':>9} {'predicted':>9} {'error':>6} | {head}",
              " " * 10 + "|" + " " * 28 + "|" + "   (measured / predicted, ms)"]
     for c in comparisons:
-        lay, ms = c.layout, lambda s: f"{1e3 * s:.1f}"
-        parts = " ".join(f"{ms(getattr(c.measured, k)) + '/' + ms(getattr(c.predicted.breakdown, k)):>13}"
+        lay, ms = c.layout, lambda s: f"{round(1e3 * s, 1) + 0.0:.1f}"  # + 0.0: never "-0.0"
+        parts = " ".join(f"{ms(getattr(c.measured, k)) + '/' + ms(getattr(c.predicted.breakdown, k)):>12}"
                          for k in Breakdown.PARTS)
         lines.append(f"{lay.d}·{lay.t}·{lay.p:<2} {lay.m:>2} | {ms(c.step_s):>6} ms "
                      f"{ms(c.predicted_s):>6} ms {c.rel_error:>+6.0%} | {parts}")
@@ -581,17 +593,17 @@ def cluster_summary(comparisons: Iterable[Comparison]) -> ClusterSummary:
 
 def placed_table(comparisons: Iterable[Comparison], wire_bytes: Mapping | None = None) -> str:
     """Measured against predicted per (layout, placement), times in ms: the node of each rank,
-    where the groups lie, the step and its compute, TP, pipeline and DP parts (measured /
-    predicted); with `wire_bytes` ((layout, nodes) → bytes per step that crossed the link),
+    where the groups lie, the step and its compute, TP, pipeline hop, DP and idle parts
+    (measured / predicted; the optimizer and unattributed time are left out); with `wire_bytes` ((layout, nodes) → bytes per step that crossed the link),
     those too."""
     lines = [f"{'d·t·p':>6} {'m':>2} {'nodes':>6}  {'groups':<22}| {'measured':>9} "
-             f"{'predicted':>9} {'error':>6} | {'compute':>9} {'TP comm':>9} {'bubble+p2p':>10} "
-             f"{'DP comm':>9}" + (" | link MB/step" if wire_bytes is not None else "")]
+             f"{'predicted':>9} {'error':>6} | {'compute':>9} {'TP comm':>9} {'p2p':>7} "
+             f"{'DP comm':>9} {'idle':>7}" + (" | link MB/step" if wire_bytes is not None else "")]
     for c in comparisons:
-        lay, nodes, ms = c.layout, c.predicted.placement, lambda s: f"{1e3 * s:.0f}"
+        lay, nodes, ms = c.layout, c.predicted.placement, lambda s: f"{round(1e3 * s) + 0:.0f}"
         parts = " ".join(f"{ms(getattr(c.measured, k)) + '/' + ms(getattr(c.predicted.breakdown, k)):>{w}}"
-                         for k, w in (("compute_s", 9), ("tp_comm_s", 9), ("bubble_p2p_s", 10),
-                                      ("dp_comm_s", 9)))
+                         for k, w in (("compute_s", 9), ("tp_comm_s", 9), ("p2p_s", 7),
+                                      ("dp_comm_s", 9), ("idle_s", 7)))
         wire = (f" | {wire_bytes[(lay, nodes)] / 1e6:>7.2f}" if wire_bytes is not None else "")
         lines.append(f"{lay.d}·{lay.t}·{lay.p:<2} {lay.m:>2} {''.join(map(str, nodes)):>6}  "
                      f"{placement_name(lay, nodes):<22}| {ms(c.step_s):>6} ms {ms(c.predicted_s):>6} ms "

@@ -121,19 +121,22 @@ def forget_layouts(rank: int, world_size: int) -> int:
 
 @dataclass(frozen=True)
 class RankSteps:
-    """What one rank of `step_layout` returns: each step's spans and loss (last stage)."""
+    """What one rank of `step_layout` returns: each step's spans and loss (last stage), and
+    the loss of the layout's first step, from the fresh model (last stage)."""
     timelines: tuple
     losses: tuple
+    first_loss: float | None = None
 
 
 def step_layout(rank: int, world_size: int, layout: Layout,
                 config: TransformerConfig = TRANSFORMER, steps: int = 3,
                 waits=None) -> RankSteps:
     """Rank function: `steps` timed training steps of the cached `layout` (see `_trainer`)."""
-    trainer = _trainer(rank, world_size, layout, config, waits)[0]
+    trainer, first = _trainer(rank, world_size, layout, config, waits)
     results = [trainer.step(timeline=True) for _ in range(steps)]
     return RankSteps(tuple(tuple(r.spans) for r in results),
-                     tuple(r.loss for r in results if r.loss is not None))
+                     tuple(r.loss for r in results if r.loss is not None),
+                     first.losses[0] if first.losses else None)
 
 
 # ----------------------------------------------------------------------------------------
@@ -399,13 +402,16 @@ def _fit(op: str, points: list[CommPoint]) -> Fit:
 @dataclass(frozen=True)
 class Run:
     """One call of `step_layout`: its median step (the slowest rank's last span end), that
-    step's breakdown and per-rank spans, every step's time, and the first loss."""
+    step's breakdown and per-rank spans, every step's time, the first loss of this call and
+    the loss of the layout's very first step (the fresh model's: the same on every layout).
+    The layout stays built between calls and trains on, so `loss` falls call after call."""
     layout: Layout
     step_s: float
     breakdown: Breakdown
     timelines: tuple
     steps_s: tuple
     loss: float
+    first_loss: float | None = None
 
 
 def first_steps(ranks, layout: Layout, config: TransformerConfig = TRANSFORMER) -> list:
@@ -426,9 +432,10 @@ def run_layout(ranks, layout: Layout, config: TransformerConfig = TRANSFORMER,
     per_step = [tuple(r.timelines[i] for r in results) for i in range(steps)]
     times = [max(span.end for spans in step for span in spans) for step in per_step]
     median = sorted(range(steps), key=times.__getitem__)[(steps - 1) // 2]
-    loss = next(r.losses[0] for r in results if r.losses)
-    return Run(layout, times[median], measured_breakdown(per_step[median], times[median]),
-               per_step[median], tuple(times), loss)
+    last = next(r for r in results if r.losses)  # a rank of the last stage
+    return Run(layout, times[median],
+               measured_breakdown(per_step[median], times[median], pipelined=layout.p > 1),
+               per_step[median], tuple(times), last.losses[0], last.first_loss)
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ from matplotlib.figure import Figure
 from helpers.cost import alpha_beta as ab
 from helpers.cost.bench import Timing, fit_for, fit_lines, median_time, op_labels, uncontended_time
 from helpers.labs.bench import SIZE_EXPONENTS, cores_line, run_small_sweep
+from helpers.views.kit import previewed
 
 # The world-size slider stops here by default: each extra CPU rank is a process that imports
 # torch (seconds on a small machine). Pass max_world_size=8 for the full range.
@@ -80,4 +81,4 @@ def widget_sweep(ranks, max_world_size: int = MAX_SWEEP_WORLD_SIZE) -> W.Widget:
             display(plot_sweep(sweep.records, sweep.fits))
 
     button.on_click(on_click)
-    return W.VBox([W.HBox([op, p]), W.HBox([sizes, button]), out])
+    return previewed(W.VBox([W.HBox([op, p]), W.HBox([sizes, button]), out]))

@@ -16,7 +16,7 @@ from matplotlib.figure import Figure
 
 from helpers.labs.collectives import expected, run_all
 from helpers.parallel.collectives import OPS, SPLITTING_OPS
-from helpers.views.kit import FULL_LABEL, png
+from helpers.views.kit import FULL_LABEL, png, previewed
 
 MAX_WORLD_SIZE = 8   # the world-size slider's end
 MAX_LENGTH = 16             # the length slider's end
@@ -273,4 +273,4 @@ def widget_collectives(live) -> W.Widget:
     size.observe(redraw, names="value")
     length.observe(redraw, names="value")
     redraw()
-    return W.VBox([W.HBox([size, length]), note, image])
+    return previewed(W.VBox([W.HBox([size, length]), note, image]))

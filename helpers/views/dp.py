@@ -9,7 +9,7 @@ from matplotlib.patches import Rectangle
 from helpers.cost.memory import MIXED_PRECISION_ADAM_BYTES, STAGES, zero_memory_per_rank
 from helpers.parallel.trace import Span
 from helpers.units import format_decimal_bytes
-from helpers.views.kit import FULL_LABEL
+from helpers.views.kit import FULL_LABEL, previewed
 
 COLOURS = {"forward": "#9ecae1", "backward": "#3182bd", "all_reduce": "#e6550d"}
 
@@ -70,7 +70,7 @@ def widget_zero_memory() -> W.Widget:
     parameter) over zero_memory_text; they act on release."""
     style, layout = FULL_LABEL, W.Layout(width="560px")
     common = dict(continuous_update=False, style=style, layout=layout)
-    return W.interactive(
+    return previewed(W.interactive(
         lambda psi, d, stage, optimizer_bytes: print(
             zero_memory_text(psi, d, stage, optimizer_bytes)),
         psi=W.FloatLogSlider(value=7.5e9, base=10, min=6, max=12, step=0.125,
@@ -79,4 +79,4 @@ def widget_zero_memory() -> W.Widget:
                             **common),
         stage=W.SelectionSlider(options=(0, 1, 2, 3), value=1, description="ZeRO stage", **common),
         optimizer_bytes=W.IntSlider(value=MIXED_PRECISION_ADAM_BYTES, min=0, max=16,
-                                    description="K (optimizer bytes per parameter)", **common))
+                                    description="K (optimizer bytes per parameter)", **common)))

@@ -1,15 +1,14 @@
 """Notebook 09's expert pictures: the per-expert, per-rank token load of a router, kept and
 dropped, and the widget that moves the router (top-k, capacity factor, skew, seed). `plot_*`
-returns a Figure, `widget_*` a widget; `show_load` is the widget's callback."""
+returns a Figure, `widget_*` a widget; `load_outputs` is what the widget shows."""
 from __future__ import annotations
 
 import ipywidgets as W
-from IPython.display import display
 from matplotlib.figure import Figure
 
 from helpers.configs import MOE, MoEConfig
 from helpers.labs.experts import RouterLoad, router_load
-from helpers.views.kit import FULL_LABEL
+from helpers.views.kit import FULL_LABEL, png_output, previewed, text_output
 
 CAPACITY_FACTORS = (0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 2.0, 3.0, 4.0)
 
@@ -40,17 +39,17 @@ def plot_token_load(load: RouterLoad, title: str = "") -> Figure:
     return fig
 
 
-def show_load(top_k: int, capacity_factor: float, skew: float, seed: int, e: int = 4,
-              config: MoEConfig = MOE) -> RouterLoad:
-    """The widget's callback: route with these settings, display the picture, say what it shows."""
+def load_outputs(top_k: int, capacity_factor: float, skew: float, seed: int, e: int = 4,
+                 config: MoEConfig = MOE) -> tuple[dict, dict]:
+    """What the widget shows for these settings: the router's load pictured, and a line saying
+    what it shows (two outputs for an Output widget)."""
     load = router_load(config.with_(top_k=top_k, capacity_factor=capacity_factor, skew=skew,
                                     seed=seed), e)
-    display(plot_token_load(load))
     slots = sum(load.kept) + sum(load.dropped)
     busiest = max(load.per_rank)
-    print(f"{slots} token slots; {sum(load.dropped)} dropped ({sum(load.dropped) / slots:.0%}); "
-          f"the busiest rank computes {busiest} rows, {busiest / (sum(load.kept) / e):.2f}× the mean")
-    return load
+    line = (f"{slots} token slots; {sum(load.dropped)} dropped ({sum(load.dropped) / slots:.0%}); "
+            f"the busiest rank computes {busiest} rows, {busiest / (sum(load.kept) / e):.2f}× the mean")
+    return png_output(plot_token_load(load)), text_output(line)
 
 
 def widget_experts(e: int = 4, config: MoEConfig = MOE) -> W.VBox:
@@ -67,11 +66,9 @@ def widget_experts(e: int = 4, config: MoEConfig = MOE) -> W.VBox:
     out = W.Output()
 
     def redraw(_=None):
-        with out:
-            out.clear_output(wait=True)
-            show_load(top_k.value, factor.value, skew.value, seed.value, e, config)
+        out.outputs = load_outputs(top_k.value, factor.value, skew.value, seed.value, e, config)
 
     for control in (top_k, factor, skew, seed):
         control.observe(redraw, names="value")
     redraw()
-    return W.VBox([top_k, factor, skew, seed, out])
+    return previewed(W.VBox([top_k, factor, skew, seed, out]))

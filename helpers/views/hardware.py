@@ -10,7 +10,7 @@ from matplotlib.patches import FancyBboxPatch, Rectangle
 from helpers.cost.roofline import Roofline, matmul_points
 from helpers.hardware import HIERARCHY
 from helpers.hierarchy import capacity_text, latency_text, level, rate_text
-from helpers.views.kit import FULL_LABEL, Blitted
+from helpers.views.kit import FULL_LABEL, Blitted, previewed
 
 WHERE_COLOURS = {"on the chip": "#6a3d9a", "beside the chip": "#1f78b4",
                  "inside a node": "#33a02c", "between nodes": "#e6550d"}
@@ -238,4 +238,4 @@ def widget_roofline(roofs: list[Roofline]) -> W.Widget:
     size.observe(redraw, names="value")
     dtype.observe(redraw, names="value")
     redraw()
-    return W.VBox([W.HBox([size, dtype]), image, text])
+    return previewed(W.VBox([W.HBox([size, dtype]), image, text]))

@@ -104,3 +104,49 @@ def image_output(png_bytes: bytes, title: str = "") -> dict:
 def text_output(text: str) -> dict:
     """A line of text as one stdout stream output."""
     return {"output_type": "stream", "name": "stdout", "text": text + "\n"}
+
+
+# --- what a widget shows where no kernel runs it -----------------------------------------
+
+# Where a widget cannot run (GitHub's viewer, nbconvert's HTML, a notebook opened before Run
+# All), its output shows this line, or the picture it first drew, instead of a Python repr.
+RUN_FIRST = ("[a live widget: run the cells above (Run ▸ Run All Cells) in Jupyter to use its "
+             "controls]")
+
+
+def first_picture(widget) -> bytes | None:
+    """The first picture `widget` shows now (depth first): a W.Image's PNG bytes, or an image
+    among an Output widget's outputs; None when it shows none."""
+    import ipywidgets as W
+    if isinstance(widget, W.Image) and widget.format == "png" and widget.value:
+        return bytes(widget.value)
+    if isinstance(widget, W.Output):
+        for output in widget.outputs:
+            encoded = output.get("data", {}).get("image/png")
+            if encoded:
+                return base64.b64decode(encoded)
+    for child in getattr(widget, "children", ()):
+        picture = first_picture(child)
+        if picture:
+            return picture
+    return None
+
+
+def previewed(widget):
+    """`widget`, displayed with a stand-in for a reader without a kernel: beside the live
+    view, its output carries the widget's first picture (image/png) and RUN_FIRST (text/plain).
+    A live JupyterLab draws the widget; anything that cannot draws the picture, or the line
+    where the widget has no picture yet (a run button, printed text). The committed notebooks
+    keep these and drop the live view (scripts/strip_notebooks.py): no widget state."""
+    picture = first_picture(widget)
+    live = widget._repr_mimebundle_
+
+    def bundle(**kwargs):
+        data = dict(live(**kwargs) or {})
+        data["text/plain"] = RUN_FIRST
+        if picture:
+            data["image/png"] = base64.b64encode(picture).decode("ascii")
+        return data
+
+    widget._repr_mimebundle_ = bundle
+    return widget

@@ -5,7 +5,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import ipywidgets as W
-from IPython.display import display
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Rectangle
@@ -16,7 +15,7 @@ from helpers.cost.memory import (FP32_RUN, PRECISIONS, STAGES, ModelPreset, Plan
                                  plan_memory, preset)
 from helpers.labs.memory import StageResult
 from helpers.units import format_decimal_bytes
-from helpers.views.kit import FULL_LABEL
+from helpers.views.kit import FULL_LABEL, png_output, previewed
 
 PARTS = ("params", "grads", "optimizer", "activations")
 COLOURS = {"params": "#3182bd", "grads": "#e6550d", "optimizer": "#31a354",
@@ -189,9 +188,7 @@ def widget_memory_planner(measured: list[MeasuredPoint] = ()) -> W.Widget:
     def redraw(*_):
         fig = planner_figure(model.value, d.value, stage.value, checkpointed.value,
                              precision.value, measured)
-        with out:
-            out.clear_output(wait=True)
-            display(fig)
+        out.outputs = (png_output(fig),)
 
     def on_model(_):
         options = d_options(MODELS[model.value])
@@ -208,5 +205,5 @@ def widget_memory_planner(measured: list[MeasuredPoint] = ()) -> W.Widget:
     for control in (d, stage, checkpointed, precision):
         control.observe(redraw, names="value")
     redraw()
-    return W.VBox([model, d, stage, checkpointed, precision, out])
+    return previewed(W.VBox([model, d, stage, checkpointed, precision, out]))
 

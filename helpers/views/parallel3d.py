@@ -9,14 +9,19 @@ from matplotlib.patches import Patch
 from helpers.cost.parallel3d import Breakdown, Comparison, predict
 from helpers.labs.layouts import run_layout
 from helpers.layout import Layout, factorizations
-from helpers.views.kit import png_output, text_output
+from helpers.views.kit import png_output, previewed, text_output
 
 _COLOURS = {"compute": "tab:blue", "tp_comm": "tab:orange", "pp_comm": "tab:green",
             "dp_comm": "tab:red", "optimizer": "tab:brown"}
 # the span kinds as the legend names them (the breakdown's words)
 _KIND_LABELS = {"compute": "compute", "tp_comm": "TP comm", "pp_comm": "pipeline p2p",
                 "dp_comm": "DP comm", "optimizer": "optimizer"}
-_PART_COLOURS = tuple(_COLOURS.values())  # Breakdown.PARTS: the kinds, in order
+# Time in no span is white, as the Gantt's gaps are: idle with a pipeline, unattributed
+# without one (a layout has one or the other)
+_IDLE = _UNATTRIBUTED = dict(facecolor="white", edgecolor="0.45")
+# Breakdown.PARTS, in order: the span kinds' colours, then the time in no span
+_PART_STYLES = tuple(dict(facecolor=c, edgecolor="white") for c in _COLOURS.values()) + (
+    _IDLE, _UNATTRIBUTED)
 
 
 def _name(layout: Layout) -> str:
@@ -34,36 +39,60 @@ def plot_parity(comparisons: list[Comparison], band: float = 0.15):
     ax.fill_between([0, top], [0, top * (1 - band)], [0, top * (1 + band)], color="0.85",
                     label=f"±{band:.0%}")
     ax.scatter(measured, predicted, zorder=3, color="tab:purple")
-    for c, x, y in zip(comparisons, measured, predicted):
-        ax.annotate(_name(c.layout), (x, y), textcoords="offset points", xytext=(5, 4), fontsize=8)
+    for (c, x, y), offset in zip(zip(comparisons, measured, predicted),
+                                 _label_offsets(measured, predicted, top)):
+        ax.annotate(_name(c.layout), (x, y), textcoords="offset points", xytext=offset,
+                    fontsize=8, ha="left" if offset[0] > 0 else "right")
     ax.set(xlim=(0, top), ylim=(0, top), xlabel="measured step (ms)", ylabel="predicted step (ms)",
            title="d·t·p layouts: model against measurement")
     ax.legend(fontsize=8, loc="upper left")
     return fig
 
 
+def _label_offsets(xs, ys, span: float) -> list[tuple[int, int]]:
+    """Where each point's label goes (points of offset): right and above, unless an earlier
+    label sits close by; then below, then to the left (so that labels do not overprint)."""
+    placed, offsets = [], []
+    for x, y in zip(xs, ys):
+        for offset in ((5, 4), (5, -11), (-5, 4), (-5, -11)):
+            near = [(px, py) for (px, py, o) in placed if o == offset
+                    and abs(px - x) < 0.12 * span and abs(py - y) < 0.05 * span]
+            if not near:
+                break
+        placed.append((x, y, offset))
+        offsets.append(offset)
+    return offsets
+
+
 def plot_breakdown(comparisons: list[Comparison]):
-    """Stacked bars per layout: measured (left) and predicted (right), by cause."""
-    fig = Figure(figsize=(max(5.0, 1.5 * len(comparisons) + 2), 4.2), layout="constrained")
+    """Stacked bars per layout: measured (plain) and predicted (hatched), by cause; every
+    millisecond of the step is in one part (idle or unattributed: time in no span)."""
+    fig = Figure(figsize=(max(5.0, 1.5 * len(comparisons) + 2), 4.6), layout="constrained")
     ax = fig.subplots()
     width = 0.38
+    shown = set()  # the parts some bar shows: only those are in the legend
     for i, c in enumerate(comparisons):
         for dx, parts, hatch in ((-width / 2, c.measured, ""), (width / 2, c.predicted.breakdown, "//")):
             bottom = 0.0
-            for key, label, colour in zip(Breakdown.PARTS, Breakdown.LABELS, _PART_COLOURS):
+            for key, style in zip(Breakdown.PARTS, _PART_STYLES):
                 value = 1e3 * max(0.0, getattr(parts, key))
-                ax.bar(i + dx, value, width, bottom=bottom, color=colour, hatch=hatch,
-                       edgecolor="white", label=label if i == 0 and not hatch else None)
+                ax.bar(i + dx, value, width, bottom=bottom, hatch=hatch, **style)
                 bottom += value
-    ax.set_xticks(range(len(comparisons)), [_name(c.layout) for c in comparisons], fontsize=8)
-    ax.set(ylabel="ms per step", title="measured (plain) and predicted (hatched), by cause")
-    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside, not over, bars
+                shown |= {key} if value > 0 else set()
+    handles = [Patch(label=label, **style)
+               for key, label, style in zip(Breakdown.PARTS, Breakdown.LABELS, _PART_STYLES)
+               if key in shown]
+    ax.set_xticks(range(len(comparisons)), [_name(c.layout) for c in comparisons], fontsize=9)
+    ax.set(ylabel="ms per step")
+    ax.set_title("each layout: measured (plain), predicted (hatched)", fontsize=10)
+    ax.legend(handles=handles, fontsize=8, ncol=3, loc="upper center",
+              bbox_to_anchor=(0.5, -0.1), frameon=False)  # below the bars, never over them
     return fig
 
 
-def plot_gantt(timelines, title: str = "one step, rank by rank"):
+def plot_gantt(timelines, title: str = "one step, rank by rank", pipelined: bool = True):
     """Every rank's spans of one step: compute, TP, pipeline and DP communication, the
-    optimizer."""
+    optimizer; the gaps are time in no span (idle with a pipeline, else unattributed)."""
     fig = Figure(figsize=(9, 0.5 * len(timelines) + 1.4), layout="constrained")
     ax = fig.subplots()
     for rank, spans in enumerate(timelines):
@@ -73,11 +102,12 @@ def plot_gantt(timelines, title: str = "one step, rank by rank"):
     # Patches, not empty bars: an empty barh has no patch to show, and the legend then drew
     # every entry in the default blue
     handles = [Patch(facecolor=colour, label=_KIND_LABELS[kind])
-               for kind, colour in _COLOURS.items()]
+               for kind, colour in _COLOURS.items()] + [
+                   Patch(label="idle" if pipelined else "unattributed", **_IDLE)]
     ax.set_yticks(range(len(timelines)), [f"rank {r}" for r in range(len(timelines))])
     ax.invert_yaxis()
     ax.set(xlabel="ms since the step's start", title=title)
-    ax.legend(handles=handles, fontsize=8, ncol=5, loc="upper center",
+    ax.legend(handles=handles, fontsize=8, ncol=6, loc="upper center",
               bbox_to_anchor=(0.5, -0.25), frameon=False)
     return fig
 
@@ -91,11 +121,27 @@ def _priced(layout: Layout, config, calibration) -> bool:
     return True
 
 
+def run_text(run, comparison: Comparison) -> str:
+    """What a run of the widget measured, in two lines: the median step and the spread of
+    the steps beside the prediction; the first step's loss every layout shares, and the loss
+    now (the layout stays built and trains on from run to run)."""
+    ms = sorted(1e3 * s for s in run.steps_s)
+    measured = (f"median of {len(ms)} steps {1e3 * run.step_s:.0f} ms (steps "
+                f"{ms[0]:.0f}–{ms[-1]:.0f} ms)" if len(ms) > 1 else f"1 step {ms[0]:.0f} ms")
+    first = "" if run.first_loss is None else (
+        f"its first step's loss {run.first_loss:.4f} (the fresh model's: the same on every "
+        f"layout), ")
+    return (f"{run.layout}: {measured}, predicted {1e3 * comparison.predicted_s:.0f} ms "
+            f"({comparison.rel_error:+.0%})\n"
+            f"loss: {first}{run.loss:.4f} at this run's first step (it trains on from run to run)")
+
+
 def widget_parallel3d(live, calibration, config, steps: int = 3):
     """Choose d, t, p (only factorizations of the live world size) and m (only those that
-    split the batch and that the calibration can price), run `steps` steps of the layout on the live ranks (built once, kept on
-    them), show its median step's measured and predicted breakdown and the Gantt chart of
-    its ranks. The button names the layout it will run."""
+    split the batch and that the calibration can price), run `steps` steps of the layout on
+    the live ranks (built once, kept on them), show the median step and the spread of the
+    steps against the prediction, that step's measured and predicted breakdown and the Gantt
+    chart of its ranks. The button names the layout it will run."""
     world = live.world_size
 
     def ms_of(mesh) -> list[int]:   # the m that split the batch and the calibration can price
@@ -131,10 +177,9 @@ def widget_parallel3d(live, calibration, config, steps: int = 3):
         with out:  # an error shows here, below the last result
             run = run_layout(live, layout, config, steps)
             comparison = Comparison(layout, run.breakdown, predict(layout, config, calibration))
-            text = (f"{layout}: measured {1e3 * run.step_s:.0f} ms, predicted "
-                    f"{1e3 * comparison.predicted_s:.0f} ms ({comparison.rel_error:+.0%}), "
-                    f"loss {run.loss:.4f}")
-            figures = (plot_breakdown([comparison]), plot_gantt(run.timelines, str(layout)))
+            text = run_text(run, comparison)
+            figures = (plot_breakdown([comparison]),
+                       plot_gantt(run.timelines, str(layout), pipelined=layout.p > 1))
             pictures = tuple(png_output(fig) for fig in figures)
             # the text and both pictures replace the last result in one message, after the work
             out.outputs = (text_output(text),) + pictures
@@ -143,4 +188,4 @@ def widget_parallel3d(live, calibration, config, steps: int = 3):
     m_box.observe(name_the_run, "value")
     valid_m()
     button.on_click(on_run)
-    return W.VBox([W.HBox([mesh_box, m_box, button]), out])
+    return previewed(W.VBox([W.HBox([mesh_box, m_box, button]), out]))

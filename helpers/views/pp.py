@@ -19,7 +19,7 @@ from helpers.configs import LECTURE
 from helpers.cost.bubble import bubble_theory
 from helpers.cost.schedules import PIPELINE_SCHEDULES, Event
 from helpers.labs import pp as pp_lab
-from helpers.views.kit import FULL_LABEL, Blitted, image_output, text_output
+from helpers.views.kit import FULL_LABEL, Blitted, image_output, previewed, text_output
 
 MAX_STAGES = 8  # the widget's largest p: still timed honestly in wait mode
 
@@ -298,4 +298,4 @@ def widget_pipeline(ranks=None, t_f: float = WIDGET_T_F) -> W.Widget:
     schedule.observe(on_schedule, names="value")
     m.observe(on_m, names="value")
     redraw()
-    return W.VBox([W.HBox([p, schedule, m]), out])
+    return previewed(W.VBox([W.HBox([p, schedule, m]), out]))

@@ -11,7 +11,7 @@ from matplotlib.patches import Rectangle
 
 from helpers.cost.tp import LAYOUTS, TPHardware, best_t, describe, tp_curve
 from helpers.cost.tp import Comm, Holds, Layer, layout_schedule
-from helpers.views.kit import FULL_LABEL, Blitted, decade_label, fixed_layout
+from helpers.views.kit import FULL_LABEL, Blitted, decade_label, fixed_layout, previewed
 
 T_OPTIONS = (1, 2, 4, 8, 16, 32, 64)
 HIDDEN_OPTIONS = tuple(2**k for k in range(8, 16))   # 256 … 32768
@@ -151,4 +151,4 @@ def widget_when_tp_pays(choices: dict[str, TPHardware], t: int, hidden: int,
     for control in controls.values():
         control.observe(redraw, names="value")
     redraw()
-    return W.VBox([*controls.values(), image, text])
+    return previewed(W.VBox([*controls.values(), image, text]))

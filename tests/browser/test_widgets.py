@@ -167,10 +167,10 @@ WIDGETS = (
     Widget("07_parallelism_3d.ipynb", "widget_parallel3d(", (
         Step(r"d·t·p", "dropdown", "last", image=False, change=False),
         Step(r"^m$", "dropdown", "last", image=False, change=False),
-        Step(r"^run ", "button", text=r"measured \d+ ms", images=2, timeout=240),  # + Gantt
+        Step(r"^run ", "button", text=r"median of 3 steps \d+ ms", images=2, timeout=240),  # + Gantt
         Step(r"d·t·p", "dropdown", "first", image=False, change=False),
         Step(r"^m$", "dropdown", "first", image=False, change=False),
-        Step(r"^run ", "button", text=r"measured \d+ ms", images=2, timeout=240),
+        Step(r"^run ", "button", text=r"median of 3 steps \d+ ms", images=2, timeout=240),
     )),
     Widget("08_memory.ipynb", "widget_memory_planner(", (
         # d = 2 (the default) is valid for every model: a new model keeps it

@@ -9,14 +9,14 @@ import html
 from dataclasses import replace
 
 import ipywidgets as W
-from IPython.display import Image, display
+from IPython.display import display
 from matplotlib.figure import Figure
 
 from helpers.hardware import H100_SXM, PRESETS
 from helpers.simulator.config import PRICES_USD
 from helpers.simulator.curve import Curve, run_curve
 from helpers.simulator.settings import BATCH_LAWS, SCHEDULES, Settings
-from helpers.views.kit import FULL_LABEL, png
+from helpers.views.kit import FULL_LABEL, image_output, png, previewed
 from helpers.views.simulator.configuration import (GPU_FIELDS, LEVEL_FIELDS, Configuration,
                                                    configuration_from_form,
                                                    default_configurations, form_values,
@@ -309,10 +309,14 @@ class SimulatorApp:
 
     @staticmethod
     def _show(out: W.Output, thing) -> None:
-        """Hand a finished figure (as a PNG encoded here: one draw, no tight bounding box) or
-        widget to an Output (never matplotlib's flush hook)."""
+        """Hand a finished figure (as a PNG encoded here: one draw, no tight bounding box),
+        PNG bytes or a widget to an Output (never matplotlib's flush hook). A picture is set
+        as the Output's one output: one message, and the kernel knows what it shows."""
         if isinstance(thing, Figure):
-            thing = Image(png(thing))
+            thing = png(thing)
+        if isinstance(thing, bytes):
+            out.outputs = (image_output(thing),)
+            return
         out.clear_output(wait=True)
         with out:
             display(thing)
@@ -350,7 +354,7 @@ class SimulatorApp:
         if view is None or view.curve is not curve:   # a new run, or a new threshold
             view = self._breakdown_views[name] = BreakdownView(curve)
         picture = view.png(min(self.breakdown_point.value, len(curve.points) - 1))
-        self._show(self.out_breakdown, Image(picture))
+        self._show(self.out_breakdown, picture)
         return picture
 
     def on_download(self, _=None) -> str:
@@ -375,6 +379,7 @@ def widget_simulator(app: SimulatorApp | None = None) -> W.Widget:
         tabs.set_title(i, title)
     form = W.Accordion([app.form])
     form.set_title(0, "Add a configuration")
-    return W.VBox([W.VBox([app.months, app.threshold, app.latency, app.bandwidth]),
-                   W.HTML("<b>configurations</b> (untick to leave one out)"), app.include,
-                   form, W.HBox([app.progress, app.status]), tabs, app.download])
+    return previewed(W.VBox([W.VBox([app.months, app.threshold, app.latency, app.bandwidth]),
+                             W.HTML("<b>configurations</b> (untick to leave one out)"),
+                             app.include, form, W.HBox([app.progress, app.status]), tabs,
+                             app.download]))
