@@ -127,13 +127,18 @@ def test_bad_config_names_the_argument(field, value, word):
 def test_widget_callback_at_the_controls_extremes(top_k, factor, skew, seed):
     import matplotlib
     matplotlib.use("Agg")
-    from helpers.views.experts import CAPACITY_FACTORS, show_load, widget_experts
+    from helpers.labs.experts import router_load
+    from helpers.views.experts import CAPACITY_FACTORS, load_outputs, widget_experts
     assert factor in CAPACITY_FACTORS
-    load = show_load(top_k, factor, skew, seed)
+    load = router_load(MOE.with_(top_k=top_k, capacity_factor=factor, skew=skew, seed=seed), 4)
     slots = MOE.tokens * top_k
     assert sum(load.kept) + sum(load.dropped) == slots
     assert max(load.kept) <= load.e * load.capacity
-    assert widget_experts() is not None
+    picture, line = load_outputs(top_k, factor, skew, seed)
+    assert picture["data"]["image/png"]
+    assert line["text"].startswith(f"{slots} token slots; {sum(load.dropped)} dropped")
+    widget = widget_experts()
+    assert [o["output_type"] for o in widget.children[-1].outputs] == ["display_data", "stream"]
 
 
 def test_the_capacity_line_says_it_holds_per_sending_rank():

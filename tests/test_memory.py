@@ -111,6 +111,21 @@ def test_planner_draws_measured_points_only_where_they_belong():
     assert not any(line.get_marker() == "D" for line in fig.axes[0].lines)
 
 
+def test_planner_holds_the_bars_against_one_gpus_memory():
+    """70B at d = 1024 with ZeRO-3 plans 174 GB a rank: the H100's 80 GB is drawn across the
+    bars; the small model's megabytes are far below it, and a line of text says by how much."""
+    big = list(views_memory.MODELS)[-1]
+    fig = views_memory.planner_figure(big, 1024, 3, False, memory.FP32_RUN)
+    ax = fig.axes[0]
+    device_gb = views_memory.DEVICE.hbm_bytes / 1e9
+    assert [line.get_ydata()[0] for line in ax.lines if line.get_linestyle() == "--"] == [device_gb]
+    assert any(f"{views_memory.DEVICE.name}: 80 GB" in t.get_text() for t in ax.texts)
+    small = views_memory.planner_figure(views_memory.MEASURED_MODEL, 2, 3, False, memory.FP32_RUN)
+    assert not [line for line in small.axes[0].lines if line.get_linestyle() == "--"]
+    assert any("holds 80 GB" in t.get_text() and "× the tallest bar" in t.get_text()
+               for t in small.axes[0].texts)
+
+
 def test_planner_offers_only_valid_d_and_rejects_others():
     assert views_memory.d_options(views_memory.MODELS[views_memory.MEASURED_MODEL]) == (1, 2, 4, 8)
     with pytest.raises(ValueError, match="d must be one of"):

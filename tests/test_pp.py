@@ -377,3 +377,22 @@ def test_two_quick_changes_lose_no_figure():
         t.join()
     image, text = widget.children[1].outputs
     assert "image/png" in image["data"] and "p=8 m=16" in text["text"]
+
+
+def test_sixteen_micro_batches_keep_their_colours_and_labels():
+    """m = 16 (the widget's largest): 16 colours, none repeated, and labels in 8 pt (9 px at
+    the widget's 80 dpi): "B12" where it fits, else the micro-batch alone. Every backward is
+    labelled, and every forward of a one-digit micro-batch (a forward is half as long: "12"
+    does not fit in it; its colour is its own)."""
+    from helpers.views.pp import LABEL_PT, _colour
+    assert len({_colour(mb) for mb in range(16)}) == 16
+    run = pp_lab.timed_schedule("1f1b", 4, 16)
+    ax = plot_gantt(run.events, 4).axes[0]
+    labels = {(round(t.get_position()[0], 6), t.get_position()[1]): t.get_text()
+              for t in ax.texts if t.get_text()}
+    assert {t.get_fontsize() for t in ax.texts if t.get_text()} == {LABEL_PT}
+    assert LABEL_PT * 80 / 72 >= 8
+    for e in run.events:
+        middle = (round(1e3 * ((e.start + e.end) / 2 - run.events[0].start), 6), e.rank)
+        if e.kind == "B" or e.mb < 10:
+            assert labels.get(middle, "").lstrip("FBW") == str(e.mb), e

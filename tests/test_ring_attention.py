@@ -125,7 +125,11 @@ def test_figures_draw(ranks):
     from helpers.views.ring_attention import (ScalingPoint, plot_causal_split, plot_ring_scaling,
                                               plot_ring_timeline)
     steps = ranks.resize(2).run(ra_lab.ring_step, SMALL, "naive")
-    assert plot_ring_timeline({"naive": steps}).axes
+    zigzag = ranks.resize(2).run(ra_lab.ring_step, SMALL, "zigzag")
+    fig = plot_ring_timeline({"naive": steps, "zigzag": zigzag})
+    top, bottom = fig.axes[:2]
+    assert top.get_shared_x_axes().joined(top, bottom)   # one time axis for both splits
+    assert top.get_xlim() == bottom.get_xlim()
     assert plot_causal_split(2).axes
     points = [ScalingPoint(c, s, 0.01 * c, formula_bytes(c, SMALL), formula_bytes(c, SMALL))
               for c in (1, 2) for s in (32, 64)]

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import base64
+import html
 import json
 import re
 from dataclasses import replace
@@ -45,7 +46,11 @@ def test_run_at_slider_extremes(months, threshold):
     assert largest.months <= months
     assert largest.cost_usd is None  # no price for an H100 unless one is given
     table = summary_html([row])
-    assert "<td>H100</td>" in table and table.count("<th>") == 7  # seven columns fit the tab
+    # no configuration with a cited price: no cost column, no note about prices
+    assert "<td>H100</td>" in table and table.count("<th>") == 6 and "cost" not in table
+    gtx = replace(row, configuration="GTX 580", price_per_gpu=500.0)
+    table = summary_html([row, gtx])
+    assert table.count("<th>") == 7 and "no price is cited (H100)" in table
 
 
 def test_longer_runs_push_the_wall_out():
@@ -112,31 +117,46 @@ def test_download_is_the_cli_json():
     assert conf["name"] == "H100" and conf["points"][-1]["feasible"] is False
 
 
-@pytest.mark.parametrize("field, value, named", [
-    ("hbm_Bps", 0.0, "hbm_Bps"), ("l2_Bps", -1.0, "l2_Bps"), ("fpct", 0.0,
-                                                             "flop_per_clock_per_thread[16]"),
-    ("hbm_bytes", 0.0, "hbm_bytes"), ("num_sms", 0, "num_sms"),
-    ("effective_utilization", 0.0, "effective_utilization"),
+@pytest.mark.parametrize("field, value, said", [
+    ("hbm_Bps", 0.0, "memory (HBM) bandwidth must be a finite number > 0, got 0 TB/s"),
+    ("l2_Bps", -1.0, "L2 cache bandwidth must be a finite number > 0, got -1 TB/s"),
+    ("fpct", 0.0, "FLOP per clock per thread at that precision must be a finite number > 0 "
+                  "(FLOP/s must be positive), got 0.0"),
+    ("hbm_bytes", -80.0, "memory (HBM) size must be a finite number > 0, got -80 GB"),
+    ("num_sms", 0, "streaming multiprocessors (SMs) must be a positive integer, got 0"),
+    ("effective_utilization", 1.5,
+     "effective utilization (the MFU ceiling) must be in (0, 1], got 1.5"),
 ])
-def test_form_rejects_bad_hardware_by_name(field, value, named):
+def test_form_rejects_bad_hardware_in_its_own_words(field, value, said):
+    """An error names the field as the form labels it, with the value in the field's unit."""
     app = small_app()
     app.f_gpu[field].value = value
     before = len(app.configs)
     assert app.on_add() is None
-    assert named in app.f_message.value and len(app.configs) == before
+    assert html.unescape(app.f_message.value) == f"<span style='color:#b00'>not added: {said}</span>"
+    assert len(app.configs) == before
 
 
 def test_form_rejects_bad_network_and_settings():
     app = small_app()
-    app.f_level_widgets[0][0].value = 0.0
-    assert app.on_add() is None and "network_levels[0].bandwidth_Bps" in app.f_message.value
+    app.f_level_widgets[0][0].value = -600.0
+    assert app.on_add() is None
+    assert ("network level 1: bandwidth per GPU, both directions must be a number > 0 "
+            "(infinity allowed), got -600 GB/s") in html.unescape(app.f_message.value)
     app.on_preset({"new": H100_SXM.name})
     for box in app.f_schedules.values():
         box.value = False
-    assert app.on_add() is None and "schedules" in app.f_message.value
+    assert app.on_add() is None and "pipeline schedules must be" in app.f_message.value
     app.on_preset({"new": H100_SXM.name})
     app.f_price.value = "cheap"
-    assert app.on_add() is None and "price_per_gpu" in app.f_message.value
+    assert app.on_add() is None
+    assert "price per GPU (USD) must be a number or empty, got 'cheap'" in html.unescape(
+        app.f_message.value)
+    app.f_price.value = "-3"
+    assert app.on_add() is None
+    assert "price per GPU (USD) must be a finite number >= 0 or empty, got -3.0" in html.unescape(
+        app.f_message.value)
+    assert "_" not in html.unescape(app.f_message.value)  # no code name left
 
 
 @pytest.mark.parametrize("n_levels", [1, SimulatorApp.MAX_LEVELS])

@@ -52,8 +52,8 @@ def plot_sweep(records: list[Timing], fits: dict | None = None) -> Figure:
     ax_bw.set(xscale="log", xlabel="message size n (bytes)",
               ylabel="bus bandwidth (GB/s, 1 GB = 10⁹ B)",
               title="nccl-tests busbw (of the 10th percentile)")
-    ax_t.legend(fontsize=7)
-    ax_bw.legend(fontsize=7)
+    ax_t.legend(fontsize=8)
+    ax_bw.legend(fontsize=8)
     fig.tight_layout()
     return fig
 

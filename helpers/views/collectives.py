@@ -24,9 +24,10 @@ DIGIT_CELLS = 16            # a block shows its numbers when a cell is at least 
 GAP = 1.6                   # cells between the before and after blocks
 CMAP = colormaps["viridis"]
 MAX_DIGIT_PT = 8.5          # digits no larger than this
-# ... and no smaller: the notebook shows the figure scaled to its width, so 4.5 pt digits came
-# out about 4 px tall (8 ranks x 16 elements); below this a block shows colours only
-MIN_DIGIT_PT = 6.0
+# ... and no smaller: 7.5 pt is 8 px at the widget's 80 dpi, the smallest text the course shows
+# (4.5 pt digits came out about 4 px tall at 8 ranks x 16 elements); below it a block shows
+# colours only, and says so
+MIN_DIGIT_PT = 7.5
 MIN_CELLS_ACROSS = 14       # a panel is at least this many cells wide (no stretched cells)
 
 
@@ -127,7 +128,7 @@ def _draw(ax, op: str, results: list[dict], x_max: float, digits: int) -> None:
         notes.append("cells too small for digits: darker = smaller value")
     if notes:
         ax.text((before.width + after.x0 + after.width) / 2, -0.15, "\n".join(notes),
-                ha="center", va="top", fontsize=7, color="0.3")
+                ha="center", va="top", fontsize=8, color="0.3")
     ax.annotate("", xy=(after.x0 - 0.2, world_size / 2),
                 xytext=(before.width + 0.2, world_size / 2),
                 arrowprops=dict(arrowstyle="->", lw=1.5))

@@ -8,7 +8,7 @@ from matplotlib.figure import Figure
 
 from helpers.configs import MOE, MoEConfig
 from helpers.labs.experts import RouterLoad, router_load
-from helpers.views.kit import FULL_LABEL, png_output, previewed, text_output
+from helpers.views.kit import aligned, png_output, previewed, text_output
 
 CAPACITY_FACTORS = (0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 2.0, 3.0, 4.0)
 
@@ -54,10 +54,11 @@ def load_outputs(top_k: int, capacity_factor: float, skew: float, seed: int, e: 
 
 def widget_experts(e: int = 4, config: MoEConfig = MOE) -> W.VBox:
     """Top-k, capacity factor, router skew and seed; acts on release, redraws into its Output."""
-    common = dict(continuous_update=False, style=FULL_LABEL,
-                  layout=W.Layout(width="520px"))
+    # one column: every description 300 px (the skew's, the longest, in full), every track
+    # the same length
+    common = dict(continuous_update=False, style=aligned(300), layout=W.Layout(width="620px"))
     top_k = W.ToggleButtons(options=[("top-1", 1), ("top-2", 2)], value=config.top_k,
-                            description="experts per token (k)", style=FULL_LABEL)
+                            description="experts per token (k)", style=aligned(300))
     factor = W.SelectionSlider(options=CAPACITY_FACTORS, value=1.25,
                                description="capacity factor (× balanced share)", **common)
     skew = W.FloatSlider(value=0.0, min=0.0, max=3.0, step=0.25,

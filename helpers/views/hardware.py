@@ -72,7 +72,7 @@ def plot_hierarchy(gpus=("H100 SXM",)) -> Figure:
 # The lecture's one picture: nodes of 8 GPUs (SMs, HBM), NVSwitch, NICs, InfiniBand.
 # ---------------------------------------------------------------------------------------
 
-def _box(ax, x, y, w, h, colour, text="", fontsize=7, text_colour="white", **kw):
+def _box(ax, x, y, w, h, colour, text="", fontsize=7.5, text_colour="white", **kw):
     ax.add_patch(FancyBboxPatch((x, y), w, h, boxstyle="round,pad=0.02,rounding_size=0.08",
                                 facecolor=colour, edgecolor="none", **kw))
     if text:
@@ -93,13 +93,13 @@ def _draw_gpu(ax, x, y, label: str) -> None:
             ax.add_patch(Rectangle((die_x + sm_w * (i + 0.5), y + 0.3 + sm_h * (j + 0.3)),
                                    sm_w * 0.75, sm_h * 0.7, facecolor="#cab2d6",
                                    edgecolor="none"))
-    ax.text(die_x + die_w / 2, y + 0.2, "SMs", ha="center", va="center", fontsize=6,
+    ax.text(die_x + die_w / 2, y + 0.2, "SMs", ha="center", va="center", fontsize=7.5,
             color="white")
     for side in (x + 0.05, x + w - 0.25):
         for k in range(3):
             ax.add_patch(Rectangle((side, y + 0.15 + 0.28 * k), 0.2, 0.22,
                                    facecolor=WHERE_COLOURS["beside the chip"], edgecolor="none"))
-    ax.text(x + w / 2, y + h + 0.05, label, ha="center", va="bottom", fontsize=7)
+    ax.text(x + w / 2, y + h + 0.05, label, ha="center", va="bottom", fontsize=7.5)
 
 
 def plot_node(gpu: str = "H100 SXM", nodes: int = 2) -> Figure:
@@ -128,7 +128,7 @@ def plot_node(gpu: str = "H100 SXM", nodes: int = 2) -> Figure:
                 ax.plot([gx + 0.75, sx + 1.2], [3.75, 2.45], color=nvlink_colour, lw=0.9,
                         alpha=0.8)
             _draw_gpu(ax, gx, 3.75, f"GPU {g + 8 * n}")
-            _box(ax, gx + 0.35, 6.3, 0.8, 0.45, ib_colour, "NIC", fontsize=7)
+            _box(ax, gx + 0.35, 6.3, 0.8, 0.45, ib_colour, "NIC", fontsize=7.5)
             ax.plot([gx + 0.75, gx + 0.75], [5.1, 6.3], color="0.45", lw=1)   # PCIe
             ax.plot([gx + 0.75, ib_x], [6.75, ib_y], color=ib_colour, lw=0.7, alpha=0.6)
     _box(ax, ib_x - 2, ib_y, 4, 0.6, ib_colour, "InfiniBand switch", fontsize=9)

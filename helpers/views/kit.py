@@ -19,6 +19,13 @@ from matplotlib.figure import Figure
 FULL_LABEL = {"description_width": "initial"}   # a control's style: its description never cut
 
 
+def aligned(label_px: int) -> dict:
+    """A style for a column of sliders: every description `label_px` wide (wide enough for the
+    longest), so every track starts at the same place and, at one layout width, has the same
+    length."""
+    return {"description_width": f"{label_px}px"}
+
+
 # --- axes that a widget redraws cheaply -------------------------------------------------
 
 _SUPERSCRIPT = str.maketrans("-0123456789", "⁻⁰¹²³⁴⁵⁶⁷⁸⁹")

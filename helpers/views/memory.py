@@ -11,6 +11,7 @@ from matplotlib.patches import Rectangle
 
 from helpers.checks import check_choice
 from helpers.configs import SMALL, TRANSFORMER, TransformerConfig
+from helpers.hardware import H100_SXM
 from helpers.cost.memory import (FP32_RUN, PRECISIONS, STAGES, ModelPreset, PlannedMemory,
                                  plan_memory, preset)
 from helpers.labs.memory import StageResult
@@ -97,6 +98,8 @@ MODELS = {m.name: m for m in (
     preset("70B shape (h 8192, 80 layers), b = 1, s = 4096", 32000, 4096, 8192, 64, 80, batch=1),
 )}
 D_OPTIONS = tuple(2**k for k in range(11))  # 1 … 1024
+# The GPU whose memory the planner's bars are held against (helpers.hardware's record)
+DEVICE = H100_SXM
 
 
 def d_options(model: ModelPreset) -> tuple[int, ...]:
@@ -131,8 +134,9 @@ def measured_points(results: list[StageResult], checkpointed_activations: int | 
 def planner_figure(model: str, d: int, stage: int, checkpointed: bool, precision: str,
                    measured: list[MeasuredPoint] = ()) -> Figure:
     """The planner's picture: bytes per rank of every ZeRO stage at d as stacked bars (the
-    chosen stage outlined), and, for the model measured here in fp32, the measured totals as
-    black diamonds on the bars they belong to."""
+    chosen stage outlined), one GPU's memory (DEVICE) as a dashed line where the bars come
+    within a tenth of it (else a line of text says how far off it is), and, for the model
+    measured here in fp32, the measured totals as black diamonds on the bars they belong to."""
     check_choice("model", model, MODELS)
     check_choice("d", d, d_options(MODELS[model]))
     check_choice("stage", stage, STAGES)
@@ -157,7 +161,21 @@ def planner_figure(model: str, d: int, stage: int, checkpointed: bool, precision
         ax.legend(fontsize=8, loc="upper right")
     ax.set_xticks(list(STAGES), [f"{s}: {name}" for s, name in STAGES.items()], fontsize=8)
     ax.set_ylabel(f"{unit} per rank ({'10⁹' if unit == 'GB' else '10⁶'} bytes)")
-    ax.set_ylim(0, 1.15 * max(p.total for p in plans) / scale)
+    tallest = max(p.total for p in plans)
+    ax.set_ylim(0, 1.15 * tallest / scale)
+    # The device the bars must fit: drawn where it is on the bars' scale, else said
+    device = DEVICE.hbm_bytes
+    if tallest >= device / 10:
+        ax.axhline(device / scale, color="black", lw=1.2, ls="--")
+        ax.annotate(f"one {DEVICE.name}: {format_decimal_bytes(device)}",
+                    (max(STAGES) + 0.45, device / scale), ha="right", va="bottom", fontsize=8,
+                    xytext=(0, 2), textcoords="offset points",
+                    bbox=dict(facecolor="white", edgecolor="none", pad=1))  # legible over a bar
+        ax.set_ylim(0, 1.15 * max(tallest, device) / scale)
+    else:
+        ax.text(0.01, 0.98, f"one {DEVICE.name} holds {format_decimal_bytes(device)}: "
+                f"{device / tallest:,.0f}× the tallest bar", transform=ax.transAxes,
+                ha="left", va="top", fontsize=8)
     pb, gb, kb = PRECISIONS[precision]
     ax.set_title(f"{model}: Ψ = {preset_.parameters:.3g}, d = {d}, "
                  f"{pb:g}+{gb:g}+{kb:g} bytes per parameter"

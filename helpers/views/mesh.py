@@ -61,7 +61,7 @@ def plot_mesh(mesh: Layout, title: str | None = None):
                                     facecolor="white", edgecolor="black", linewidth=1, zorder=4))
         ax.text(x, y - 0.06, str(rank), ha="center", va="center", fontsize=13,
                 fontweight="bold", zorder=5)
-        ax.text(x, y + 0.19, f"dp{dp} tp{tp} pp{pp}", ha="center", va="center", fontsize=6.5,
+        ax.text(x, y + 0.19, f"dp{dp} tp{tp} pp{pp}", ha="center", va="center", fontsize=7.5,
                 color="0.3", zorder=5)
 
     top, bottom = -half - 0.75, (d - 1) * _ROW + half + 0.45

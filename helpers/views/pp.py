@@ -25,11 +25,16 @@ MAX_STAGES = 8  # the widget's largest p: still timed honestly in wait mode
 
 
 def _colour(mb: int):
-    return colormaps["tab10"](mb % 10)
+    """Micro-batch mb's colour: tab10's ten hues, then their light twins (tab20 holds both),
+    so m = 16 has 16 colours, none repeated."""
+    return colormaps["tab20"]((2 * mb + (mb // 10) % 2) % 20)
 
 
 def _height(p: int) -> float:
     return max(2.6, 0.5 * p + 1.4)  # room for the legend
+
+
+LABEL_PT = 8  # a bar's label: 8 pt is 8.9 px at 80 dpi, the smallest text the course shows
 
 
 def _label(e: Event, v: int) -> str:
@@ -80,7 +85,7 @@ def gantt_axes(ax, p: int, span: float, unit: str = "ms") -> None:
                Patch(facecolor="grey", edgecolor="black", alpha=0.7, hatch="..",
                      label="W (dotted)"),
                Patch(facecolor="none", edgecolor="none", label="colour = mb")]
-    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=7,
+    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8,
               frameon=False)
 
 
@@ -99,9 +104,12 @@ def gantt_bars(ax, events: list[Event], span: float, unit: str = "ms") -> list:
         rectangles.append([(start, e.rank - 0.4), (start + width, e.rank - 0.4),
                            (start + width, e.rank + 0.4), (start, e.rank + 0.4)])
         colours.append(_colour(e.mb))
-        label = _label(e, v)
-        size = next((s for s in (7, 6) if _fits(label, width, span, inches, s)), None)
-        if size:  # the largest font that fits, or no label
+        # "F3" where it fits, else the micro-batch alone ("3": the bar's style says F, B or
+        # W), at 8 pt (9 px at the widget's 80 dpi), else none
+        label = next((text for text in (_label(e, v), _label(e, v)[1:])
+                      if _fits(text, width, span, inches, LABEL_PT)), None)
+        size = LABEL_PT if label else None
+        if size:
             labels.append(ax.text(
                 start + width / 2, e.rank, label, ha="center", va="center", fontsize=size,
                 clip_on=True, bbox=dict(boxstyle="round,pad=0.15", facecolor="white",
@@ -247,7 +255,8 @@ def widget_pipeline(ranks=None, t_f: float = WIDGET_T_F) -> W.Widget:
     schedule = W.Dropdown(options=schedules_for(4), value="1f1b", description="schedule",
                           style=style)
     m = W.SelectionSlider(options=valid_ms("1f1b", 4), value=4, description="m (micro-batches)",
-                          continuous_update=False, style=style)
+                          continuous_update=False, style=style,
+                          layout=W.Layout(margin="2px 0 2px 24px"))  # apart from the menu
     view = PipelineView(t_f)
     lock = threading.Lock()
     state = {"adjusting": False, "shown": None}

@@ -43,9 +43,11 @@ def plot_causal_split(c: int) -> Figure:
 
 def plot_ring_timeline(steps_by_layout: dict[str, list[RingStep]]) -> Figure:
     """One panel per layout, one row per rank: forward and backward compute and the waits for a
-    neighbour's block, from each rank's spans (one clock for the whole machine)."""
+    neighbour's block, from each rank's spans (one clock for the whole machine), on one shared
+    time axis."""
     fig = Figure(figsize=(10, 1.0 + 1.6 * len(steps_by_layout)), layout="constrained")
-    axes = fig.subplots(len(steps_by_layout), 1, squeeze=False)[:, 0]
+    # one time axis for every panel: the layouts' steps compare at a glance
+    axes = fig.subplots(len(steps_by_layout), 1, squeeze=False, sharex=True)[:, 0]
     colors = {("compute", "forward"): "C0", ("compute", "backward"): "C1",
               ("wait", "forward"): "0.75", ("wait", "backward"): "0.55"}
     for ax, (layout, steps) in zip(axes, steps_by_layout.items()):

@@ -16,11 +16,12 @@ from helpers.hardware import H100_SXM, PRESETS
 from helpers.simulator.config import PRICES_USD
 from helpers.simulator.curve import Curve, run_curve
 from helpers.simulator.settings import BATCH_LAWS, SCHEDULES, Settings
-from helpers.views.kit import FULL_LABEL, image_output, png, previewed
+from helpers.views.kit import FULL_LABEL, aligned, image_output, png, previewed
 from helpers.views.simulator.configuration import (GPU_FIELDS, LEVEL_FIELDS, Configuration,
                                                    configuration_from_form,
-                                                   default_configurations, form_values,
-                                                   from_form_units, same_configuration,
+                                                   default_configurations, form_message,
+                                                   form_values, from_form_units,
+                                                   same_configuration,
                                                    scaled_gpu, to_form_units)
 from helpers.views.simulator.figures import BreakdownView, plot_degrees, plot_mfu
 from helpers.views.simulator.summary import download_html, summary_html, summary_rows
@@ -31,6 +32,11 @@ def _labelled(widget: W.Widget, label: str, unit: str = "", width: str = "100px"
     widget.layout = W.Layout(width=width)
     return W.HBox([W.Label(label, layout=W.Layout(width="300px")), widget,
                    W.Label(unit, layout=W.Layout(width="50px"))])
+
+
+# The four sliders in one column: descriptions 280 px (the longest, τ's, in full), tracks
+# 360 px (wider than before for τ's 20 positions and the latency's 13)
+SLIDERS, SLIDER_LAYOUT = aligned(280), W.Layout(width="640px")
 
 
 class SimulatorApp:
@@ -50,20 +56,20 @@ class SimulatorApp:
         self._cache: dict[tuple, Curve] = {}
         self.months = W.FloatSlider(value=months, min=0.25, max=24, step=0.25,
                                     description="run duration (months)",
-                                    continuous_update=False, style=FULL_LABEL,
-                                    layout=W.Layout(width="420px"))
+                                    continuous_update=False, style=SLIDERS,
+                                    layout=SLIDER_LAYOUT)
         self.threshold = W.FloatSlider(value=threshold, min=0.05, max=1.0, step=0.05,
                                        description="threshold τ (fraction of the MFU ceiling)",
-                                       continuous_update=False, style=FULL_LABEL,
-                                       layout=W.Layout(width="420px"))
+                                       continuous_update=False, style=SLIDERS,
+                                       layout=SLIDER_LAYOUT)
         self.latency = W.FloatLogSlider(value=1, base=10, min=-2, max=1, step=0.25,
                                         description="every latency × (matmul and network)",
-                                        continuous_update=False, style=FULL_LABEL, readout_format=".3g",
-                                        layout=W.Layout(width="420px"))
+                                        continuous_update=False, style=SLIDERS, readout_format=".3g",
+                                        layout=SLIDER_LAYOUT)
         self.bandwidth = W.FloatLogSlider(value=1, base=10, min=-1, max=2, step=0.25,
                                           description="every network bandwidth ×",
-                                          continuous_update=False, style=FULL_LABEL,
-                                          readout_format=".3g", layout=W.Layout(width="420px"))
+                                          continuous_update=False, style=SLIDERS,
+                                          readout_format=".3g", layout=SLIDER_LAYOUT)
         self.include = W.VBox()
         self.progress = W.FloatProgress(value=0, min=0, max=1, description="computing",
                                         style=FULL_LABEL)
@@ -208,7 +214,7 @@ class SimulatorApp:
         try:
             price = None if price == "" else float(price)
         except ValueError:
-            raise ValueError(f"price_per_gpu must be a number or empty (got {price!r})") from None
+            raise ValueError(f"price_per_gpu must be a number or empty, got {price!r}") from None
         s_bw, s_lat = LEVEL_FIELDS[0][3], LEVEL_FIELDS[1][3]
         values.update(
             name=self.f_name.value.strip(), distributed_shared_memory=self.f_dsmem.value,
@@ -235,7 +241,7 @@ class SimulatorApp:
             cfg = configuration_from_form(self.get_form())
         except ValueError as e:
             self.f_message.value = ("<span style='color:#b00'>not added: "
-                                    f"{html.escape(str(e))}</span>")
+                                    f"{html.escape(form_message(e))}</span>")
             return None
         twin = next((c for c in self.configs if same_configuration(c, cfg)), None)
         if twin is not None:

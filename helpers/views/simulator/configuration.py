@@ -6,6 +6,7 @@ configuration. Pure: no widgets here (the form's controls are in app.py).
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, replace
 
 from helpers.hardware import GPU, GTX_580, H100_SXM, NetworkLevel
@@ -63,6 +64,49 @@ GPU_FIELDS = (
 )
 LEVEL_FIELDS = (("bandwidth_Bps", "bandwidth per GPU, both directions", "GB/s", 1e9),
                 ("latency_s", "latency", "µs", 1e-6), ("size", "GPUs in the level", "", 1))
+
+
+# The settings' fields, as the form names them (no units)
+SETTING_LABELS = {"tokens_per_param": "training tokens per parameter",
+                  "batch_law": "batch-size law", "depth_coef": "depth law: coefficient",
+                  "depth_exp": "depth law: exponent", "schedules": "pipeline schedules",
+                  "price_per_gpu": "price per GPU (USD)"}
+# Which record fields the combined checks of validate_gpu name
+_DERIVED = "flop_per_clock_per_thread, num_sms, bitwidth, max_clock_Hz and effective_utilization"
+_FIELD_ERROR = re.compile(r"^(?:network_levels\[(\d+)\]\.)?([\w\[\]]+) must be (.*?)(?:, got (.*))?$",
+                          re.S)
+
+
+def form_message(error: ValueError) -> str:
+    """A validation error of the record or the settings in the form's own words: the field's
+    label for its code name, the value in the field's unit (bytes in GB, B/s in GB/s …)."""
+    text = str(error)
+    if text.startswith(_DERIVED):
+        labels = [label for f, label, *_ in GPU_FIELDS
+                  if f in ("fpct", "num_sms", "bitwidth", "max_clock_Hz", "effective_utilization")]
+        return f"{', '.join(labels[:-1])} and {labels[-1]}" + text[len(_DERIVED):]
+    found = _FIELD_ERROR.match(text)
+    if not found:
+        return text
+    level, field, allowed, got = found.groups()
+    field = "fpct" if field.startswith("flop_per_clock_per_thread") else field
+    if level is not None:
+        label, unit, scale = next((f"network level {int(level) + 1}: {label}", unit, scale)
+                                  for f, label, unit, scale in LEVEL_FIELDS if f == field)
+    elif field in SETTING_LABELS:
+        label, unit, scale = SETTING_LABELS[field], "", 1
+    else:
+        known = {f: (label, unit, scale) for f, label, unit, scale, _ in GPU_FIELDS}
+        if field not in known:
+            return text
+        label, unit, scale = known[field]
+    if got is not None and unit:
+        try:
+            got = f"{float(got) / scale:g} {unit}"
+        except ValueError:
+            pass
+    allowed = allowed.replace(" or null", " or empty")  # JSON's word; the form's box is empty
+    return f"{label} must be {allowed}" + ("" if got is None else f", got {got}")
 
 
 def to_form_units(value: float, scale: float) -> float:

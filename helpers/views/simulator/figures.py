@@ -137,7 +137,7 @@ def plot_breakdown(point: Point, settings: Settings, title: str = "") -> Figure:
     ax.set_title(title or breakdown_title(point), fontsize=10, y=1.0)
     ax.legend(fontsize=8, loc="lower right")
     fig.text(0.01, 0.01, "grey: overlaps the matmuls (only its excess over them costs time); "
-             "orange: the fixed latency of every matmul", fontsize=7)
+             "orange: the fixed latency of every matmul", fontsize=8)
     return fig
 
 

@@ -83,10 +83,14 @@ _CELLS = (("compute_flop", ".3g"), ("mfu", ".3f"), ("n_gpus", ".3g"), ("months",
 
 
 def summary_html(rows: list[SummaryRow]) -> str:
-    """The largest-runs table: one line per configuration and summary point, seven narrow
-    columns, so it fits the tab."""
+    """The largest-runs table: one line per configuration and summary point, in narrow
+    columns, so it fits the tab. The cost column shows only where some configuration has a
+    cited price (notebook 06 cites one for the GTX 580 only; none is invented for the
+    others), and the note under the table names the configurations without one."""
+    priced = any(r.price_per_gpu is not None for r in rows)
+    cells = _CELLS if priced else tuple(c for c in _CELLS if c[0] != "cost_usd")
     head = ("<tr><th>configuration</th><th>summary point</th><th>C (FLOP)</th><th>MFU</th>"
-            "<th>GPUs</th><th>months</th><th>cost (USD)</th></tr>")
+            "<th>GPUs</th><th>months</th>" + ("<th>cost (USD)</th>" if priced else "") + "</tr>")
     body = []
     for r in rows:
         for k, (attr, label) in enumerate(SUMMARIES):
@@ -94,10 +98,14 @@ def summary_html(rows: list[SummaryRow]) -> str:
             name = html.escape(r.configuration) if k == 0 else ""
             top = " style='border-top:1px solid #999'" if k == 0 else ""
             body.append(f"<tr{top}><td>{name}</td><td>{html.escape(label)}</td>" + "".join(
-                f"<td>{_fmt(getattr(c, key), spec)}</td>" for key, spec in _CELLS) + "</tr>")
+                f"<td>{_fmt(getattr(c, key), spec)}</td>" for key, spec in cells) + "</tr>")
+    unpriced = [html.escape(r.configuration) for r in rows if r.price_per_gpu is None]
+    note = ("" if not priced else "cost = GPUs × price per GPU (hardware only); — where no "
+            "point qualifies" + (f" or no price is cited ({', '.join(unpriced)})" if unpriced
+                                  else "") + ".")
     return ("<table cellpadding='3' style='font-size:12px;border-collapse:collapse;max-width:100%'>"
-            + head + "".join(body) + "</table><p style='font-size:12px'>cost = GPUs × price "
-            "per GPU (hardware only); — where no price is set or no point qualifies.</p>")
+            + head + "".join(body) + "</table>"
+            + (f"<p style='font-size:12px'>{note}</p>" if note else ""))
 
 
 _BUTTON = ("display:inline-block;padding:5px 14px;background:#1976d2;color:#fff;"
