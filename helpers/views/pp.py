@@ -236,7 +236,10 @@ def pipeline_outputs(schedule: str, p: int, m: int, ranks=None, t_f: float = WID
         return (text_output(f"not a valid pipeline: {error}"),)
     picture = (view or PipelineView(t_f)).png(run)
     return (image_output(picture, run.summary()),
-            text_output(f"{run.summary()}\npeak live micro-batches per rank: {run.peak_live}"))
+            text_output(f"{run.summary()}\npeak live micro-batches per rank: {run.peak_live}"
+                        + ("" if run.mode == "simulated" else
+                           f"; makespan {1e3 * run.makespan:.1f} ms (the ranks' run, first start "
+                           f"to last end)")))
 
 
 def widget_pipeline(ranks=None, t_f: float = WIDGET_T_F) -> W.Widget:
