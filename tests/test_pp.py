@@ -396,3 +396,15 @@ def test_sixteen_micro_batches_keep_their_colours_and_labels():
         middle = (round(1e3 * ((e.start + e.end) / 2 - run.events[0].start), 6), e.rank)
         if e.kind == "B" or e.mb < 10:
             assert labels.get(middle, "").lstrip("FBW") == str(e.mb), e
+
+
+def test_within_runs_on_the_first_p_ranks_and_restarts_none(ranks):
+    """The widget's way: every p on the first p of the live ranks, each p's group made once;
+    no rank starts or stops and the world is not re-formed as p moves."""
+    ranks.resize(4)
+    pids = ranks.pids
+    for p in (2, 3, 4, 2, 3):
+        run = pp_lab.timed_schedule("1f1b", p, 4, ranks=ranks, t_f=0.004, within=True)
+        verify_event_log(run.events, p, 4, run.v)
+        assert run.p == p and run.mode == "wait" and 0 < run.bubble_measured < 1
+    assert ranks.pids == pids and ranks.world_size == 4

@@ -342,12 +342,37 @@ class PipelineRun:
                 f"{self.bubble_measured:.3f}, theory {formula} = {self.bubble_theory:.3f}")
 
 
+# On each rank: the group of ranks 0 … p−1 for each p run so far, made by every rank of the
+# world it belongs to (a new world, after LiveRanks re-formed it, starts the cache over). Each
+# group sits in a list: the ranks destroy a group nothing refers to after a call, and they
+# look for referrers with the garbage collector, which does not see a dict that holds only
+# ints, strings and C++ objects.
+_FIRST_P: dict = {}
+
+
+def first_p_pipeline(rank, world_size, p: int, *args, **kwargs) -> StageLog | None:
+    """Rank function: `pipeline_rank(*args, **kwargs)` on the first p ranks of the world, as
+    one group made once per p and kept; the other ranks return None at once. A change of p
+    then forms no process group and starts no rank."""
+    world = dist.group.WORLD
+    if _FIRST_P.get("world") is not world:
+        _FIRST_P.clear()
+        _FIRST_P["world"] = world
+    if p not in _FIRST_P:  # every rank makes every group, members or not
+        _FIRST_P[p] = [None if p == world_size else dist.new_group(list(range(p)))]
+    if rank >= p:
+        return None
+    return pipeline_rank(rank, world_size, *args, group=_FIRST_P[p][0], **kwargs)
+
+
 def run_pipeline(ranks, schedule: str = "1f1b", p: int = 2, m: int = 4, *,
                  v: int | None = None, mode: str | None = None, t_f: float = T_F,
                  t_b: float | None = None, config: MLPConfig = LECTURE,
-                 t_w: float | None = None) -> PipelineRun:
+                 t_w: float | None = None, within: bool = False) -> PipelineRun:
     """Run one training step of `schedule` on p of the live `ranks` (a `LiveRanks` on the gloo
-    backend, resized to p) and collect what they recorded.
+    backend, resized to p) and collect what they recorded. `within`: run on the first p of
+    the ranks as they are (`first_p_pipeline`) where there are that many, so that a widget's
+    change of p restarts nothing (the others wait, using no core).
 
     mode: "compute" (real matmuls, the default while p <= cores) or "wait" (each F waits
     t_f seconds and each B t_b = 2·t_f, using no CPU: the default when p > cores; a split
@@ -365,8 +390,13 @@ def run_pipeline(ranks, schedule: str = "1f1b", p: int = 2, m: int = 4, *,
     t_w = t_b / 2 if t_w is None else t_w
     check_number("t_w", t_w, 0, t_b, low_inclusive=False, unit="seconds")  # W is part of B
     live_ranks.check_world_size(p)
-    logs = check_ranks(ranks, "gloo").resize(p).run(pipeline_rank, schedule, m, v, mode, t_f,
-                                                     t_b, config, t_w=t_w)
+    ranks = check_ranks(ranks, "gloo")
+    if within and ranks.world_size >= p:
+        logs = [log for log in ranks.run(first_p_pipeline, p, schedule, m, v, mode, t_f, t_b,
+                                         config, t_w=t_w) if log is not None]
+    else:
+        logs = ranks.resize(p).run(pipeline_rank, schedule, m, v, mode, t_f, t_b, config,
+                                   t_w=t_w)
     return PipelineRun.from_logs(schedule, m, v, mode, logs)
 
 
@@ -571,15 +601,16 @@ def order_differences(ours, theirs) -> list[str]:
 # ------------------------------------------------------------------------------------------
 
 def timed_schedule(schedule: str, p: int, m: int, ranks=None, t_f: float = 0.02,
-                   config: MLPConfig = LECTURE) -> PipelineRun:
+                   config: MLPConfig = LECTURE, within: bool = False) -> PipelineRun:
     """Simulate one schedule (ranks=None) or run it in wait mode on `ranks`, with one notional
     layer per stage: this times the schedule, not the model (whose batch and hidden size
-    still set the messages' size). v = 2 for the interleaved schedule."""
+    still set the messages' size). v = 2 for the interleaved schedule. `within`: see
+    `run_pipeline`."""
     if ranks is None:
         return simulated_run(schedule, p, m, t_f=t_f)
     stages = p * check_schedule_args(p, m, schedule)
     return run_pipeline(ranks, schedule, p, m, mode="wait", t_f=t_f,
-                        config=config.with_(layers=stages))
+                        config=config.with_(layers=stages), within=within)
 
 
 def bubble_sweep(ranks, ps=(2, 4), ms=(1, 2, 4, 8, 16), schedule: str = "1f1b",

@@ -231,7 +231,9 @@ def pipeline_outputs(schedule: str, p: int, m: int, ranks=None, t_f: float = WID
     schedule and return what its Output shows, the Gantt chart (drawn by `view`, a new one
     when None) and a line of text. Invalid settings say why instead of drawing."""
     try:
-        run = pp_lab.timed_schedule(schedule, p, m, ranks, t_f)
+        if ranks is not None and ranks.world_size < MAX_STAGES:
+            ranks.resize(MAX_STAGES)  # once: every p then runs on the first p of these ranks
+        run = pp_lab.timed_schedule(schedule, p, m, ranks, t_f, within=True)
     except (ValueError, TypeError) as error:
         return (text_output(f"not a valid pipeline: {error}"),)
     picture = (view or PipelineView(t_f)).png(run)
