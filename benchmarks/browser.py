@@ -46,6 +46,13 @@ class Bench:
                               # "above_makespan_s": settled minus the schedule's own run)
 
 
+def _pipeline(control: str, kind: str, positions: tuple, name: str) -> "Bench":
+    """A control of notebook 05's widget, timed above the schedule's own wait-mode run;
+    `name` is completed with the controls left at their defaults."""
+    return Bench("05_pipeline_parallelism.ipynb", "widget_pipeline(", control, kind, positions,
+                 0.15, f"{name} at default, wait mode)", target="above_makespan_s")
+
+
 BENCHES = (
     Bench("00_hardware_hierarchy.ipynb", "widget_roofline(", r"^matrix size", "slider",
           ("max", "min"), 0.2, "n"),
@@ -61,20 +68,12 @@ BENCHES = (
           ("max", "min"), 0.2, "t"),
     Bench("04_tensor_parallelism.ipynb", "widget_when_tp_pays(", r"link", "dropdown",
           ("last", "first"), 0.2, "link"),
-    Bench("05_pipeline_parallelism.ipynb", "widget_pipeline(", r"schedule", "dropdown",
-          ("gpipe", "1f1b"), 0.15, "schedule gpipe↔1f1b (p, m at default, wait mode)",
-          target="above_makespan_s"),
-    Bench("05_pipeline_parallelism.ipynb", "widget_pipeline(", r"^p \(", "slider",
-          ("5", "4"), 0.15, "p 4↔5 (m, schedule at default, wait mode)",
-          target="above_makespan_s"),
-    Bench("05_pipeline_parallelism.ipynb", "widget_pipeline(", r"^p \(", "slider",
-          ("8", "4"), 0.15, "p 4↔8 (m, schedule at default, wait mode)",
-          target="above_makespan_s"),
+    _pipeline(r"schedule", "dropdown", ("gpipe", "1f1b"), "schedule gpipe↔1f1b (p, m"),
+    _pipeline(r"^p \(", "slider", ("5", "4"), "p 4↔5 (m, schedule"),
+    _pipeline(r"^p \(", "slider", ("8", "4"), "p 4↔8 (m, schedule"),
     # m is a SelectionSlider (1, 2, 4, 8, 16): one arrow key moves it 4 -> 8 -> 4 with one
     # change each (a drag to "8" would land on 16 first and time that run instead)
-    Bench("05_pipeline_parallelism.ipynb", "widget_pipeline(", r"^m\b|micro", "slider",
-          ("+1", "-1"), 0.15, "m 4↔8 (one arrow key; p, schedule at default, wait mode)",
-          target="above_makespan_s"),
+    _pipeline(r"^m\b|micro", "slider", ("+1", "-1"), "m 4↔8 (one arrow key; p, schedule"),
     Bench("06_cost_simulator.ipynb", "widget_simulator(", r"grid point", "slider",
           ("min", "max"), 0.2, "step breakdown: grid point",
           before=((r"step breakdown", "tab", None),)),

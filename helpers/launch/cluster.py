@@ -296,15 +296,13 @@ class EmulatedCluster:
         return _run("nsenter", *enter, f"--net={where[-1]}", _tool(command[0]), *command[1:])
 
     def _build_named(self, base: str) -> None:
-        nodes = []
-        for name in [self.switch] + [f"{base}n{i}" for i in range(self.nodes)]:
+        names = [f"{base}n{i}" for i in range(self.nodes)]
+        for name in [self.switch] + names:
             _run("ip", "netns", "add", name)
             self._made.append(name)
             self._where[name] = (f"{_NETNS_DIR}/{name}",)
-        for i in range(self.nodes):
-            name = f"{base}n{i}"
-            nodes.append(NodeInfo(i, name, f"{NETWORK}.{i + 1}", f"{_NETNS_DIR}/{name}"))
-        self._nodes = tuple(nodes)
+        self._nodes = tuple(NodeInfo(i, name, f"{NETWORK}.{i + 1}", *self._where[name])
+                            for i, name in enumerate(names))
         self._link({node.netns: node.netns for node in self._nodes})  # `ip … netns NAME`
 
     def _build_in_user_namespace(self, base: str) -> None:
