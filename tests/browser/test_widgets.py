@@ -283,8 +283,9 @@ def one_move(nb, index: int):
     if _at(nb, ctl, step):  # already there: go to the other end first
         opposite = {"min": "max", "max": "min", "first": "last", "last": "first",
                     "on": "off", "off": "on"}[step.to]
+        start = nb.state(area)  # read before the move: a quick redraw may land before a later read
         nb.act(ctl, step.kind, opposite, step.handle)
-        nb.settle(area, nb.state(area), expect_change=step.change is True, timeout=step.timeout)
+        nb.settle(area, start, expect_change=step.change is True, timeout=step.timeout)
     before = nb.state(area)
     t0 = time.monotonic()
     value = nb.act(ctl, step.kind, step.to, step.handle)
@@ -327,13 +328,15 @@ def race_keeps_figure(nb):
     for s in widget.race_from:  # the starting point (the widget's defaults)
         ctl = nb.control(area, s.control, s.kind)
         if nb.value_of(ctl, s.kind) != s.to:
+            start = nb.state(area)  # before the move (a redraw can beat a read after it)
             nb.act(ctl, s.kind, s.to)
-            nb.settle(area, nb.state(area), timeout=180)
+            nb.settle(area, start, timeout=180)
     controls = [nb.control(area, s.control, s.kind) for s in widget.race]
     for ctl, s in zip(controls, widget.race):  # start away from the race's targets
         if nb.value_of(ctl, s.kind) == s.to:
+            start = nb.state(area)
             nb.act(ctl, s.kind, "last" if s.kind == "dropdown" else "min")
-            nb.settle(area, nb.state(area), timeout=180)
+            nb.settle(area, start, timeout=180)
     if widget.cold:
         nb.kernel_exec(widget.cold)
     inputs = [nb.prepare(ctl, s.kind, s.to) for ctl, s in zip(controls, widget.race)]
