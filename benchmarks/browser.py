@@ -12,10 +12,17 @@ the same for 0.8 s with the kernel idle: what a student waits for. Medians of th
 machine's load average beside them (before and after). Targets (`target_s`, on the measure
 named in `target`): <= 0.3 s first for notebook 01's world size between 2 and 8 warm ranks;
 <= 0.2 s first for the pure widgets (00, 03, 04, 06's tabs); 05 at most 0.15 s above the
-schedule's own wait-mode run (`makespan_s`, read off the output's title); 08 and 09 settled
+schedule's own wait-mode run (`makespan_s`, read off the output's title), counted from the
+input's release (`above_makespan_s` = settled - input_s - makespan_s); 08 and 09 settled
 <= 0.3 s; 06's re-running slider settled <= 0.5 s; 07's run button (3 steps on the flat network)
-settled <= 1.5 s. The last line is JSON: {"load": [before, after], "widgets": [{"notebook",
-"control", "first_s", "settled_s", "target", "target_s", "meets_target", ...}]}.
+settled <= 1.5 s. Beside them, where each move's time went (medians): `input_s`, the input
+itself (a drag's press to release: the sliders act on release); `kernel_busy_s`, the kernel busy
+(callback, figure, messages out); `after_kernel_s`, from the kernel's last "idle" to the settled
+output (messages in flight, the page's rendering); `output_changes`, how often the output changed
+on the way; `image_kb`, its images' size as sent. The last line is JSON: {"load": [before,
+after], "widgets": [{"notebook", "control", "first_s", "settled_s", "target", "target_s",
+"meets_target", "input_s", "kernel_busy_s", "after_kernel_s", "output_changes", "image_kb",
+...}]}.
 """
 from __future__ import annotations
 
@@ -104,35 +111,57 @@ BENCHES = (
 
 # Arms a MutationObserver on the area and a capture listener for the input. `window.__plab`
 # resolves with the seconds from the first input event to the first mutation that changes the
-# output's state (its images only, with imagesOnly); `window.__plabLast()` then gives the
-# seconds to the last change of its state seen so far, and stops watching.
+# output's state (its images only, with imagesOnly); `window.__plabLast()` then stops watching
+# and gives, in seconds from that first input event: the last change of the output's state seen
+# so far, every input event, how many times the output's state changed, and the kernel's status
+# changes (busy/idle, as the notebook's indicator shows them) - where the time went.
 ARM_JS = """
 (area, [timeoutMs, imagesOnly]) => {
   const state = %s;
   const sig = () => JSON.stringify(imagesOnly ? state(area).images : state(area));
   const full = () => JSON.stringify(state(area));
   const base = sig();
-  let t0 = null, last = null, lastFull = full();
-  const events = ['pointerdown', 'mousedown', 'keydown', 'input', 'change', 'click'];
-  const onInput = (e) => { if (t0 === null) t0 = performance.now(); };
+  const indicator = () => {
+    const e = document.querySelector('.jp-Notebook-ExecutionIndicator');
+    return e ? e.getAttribute('data-status') : null;
+  };
+  let t0 = null, last = null, lastFull = full(), changes = 0;
+  const inputs = [], status = [];
+  const events = ['pointerdown', 'mousedown', 'pointerup', 'mouseup', 'keydown', 'input',
+                  'change', 'click'];
+  const onInput = (e) => {
+    const t = performance.now();
+    if (t0 === null) t0 = t;
+    inputs.push(t);
+  };
   events.forEach(ev => document.addEventListener(ev, onInput, true));
-  let obs = null;
+  let obs = null, kernelObs = null;
   window.__plab = new Promise(resolve => {
     let done = false;
     const finish = (value) => { if (!done) { done = true; resolve(value); } };
     obs = new MutationObserver(() => {
       if (t0 === null) return;
       const now = full();
-      if (now !== lastFull) { lastFull = now; last = (performance.now() - t0) / 1000; }
+      if (now !== lastFull) { lastFull = now; changes += 1; last = (performance.now() - t0) / 1000; }
       if (sig() !== base) finish((performance.now() - t0) / 1000);
     });
     obs.observe(area, {subtree: true, childList: true, characterData: true, attributes: true});
+    kernelObs = new MutationObserver(() => {
+      const s = indicator();
+      if (t0 !== null && (!status.length || status[status.length - 1][1] !== s))
+        status.push([performance.now(), s]);
+    });
+    kernelObs.observe(document.body, {subtree: true, attributes: true,
+                                      attributeFilter: ['data-status']});
     setTimeout(() => finish(null), timeoutMs);
   });
   window.__plabLast = () => {
     obs.disconnect();
+    kernelObs.disconnect();
     events.forEach(ev => document.removeEventListener(ev, onInput, true));
-    return last;
+    const rel = (t) => (t - t0) / 1000;
+    return {last, changes, inputs: inputs.map(rel),
+            status: status.map(([t, s]) => [rel(t), s])};
   };
 }
 """ % OUTPUT_STATE_JS.strip()
@@ -142,12 +171,31 @@ ARM_JS = """
 MAKESPAN = re.compile(r"makespan ([\d.]+) ms")
 
 
+def where_the_time_went(watched: dict, first: float | None, after: dict) -> dict:
+    """One move's time, split (seconds from the first input event): `input_s`, the input itself
+    (a drag's press to its release; the sliders act on release); `kernel_busy_s`, from the
+    kernel's first "busy" after the input to its last "idle" (the callback: runs, figures drawn
+    and encoded, messages sent); `after_kernel_s`, from that "idle" to the settled output
+    (messages still on their way, the page's rendering; negative where the page had settled
+    while the kernel still worked on something not shown); also how many times the output
+    changed and the kilobytes of its images (base64, as sent)."""
+    settled = watched["last"]
+    inputs = [t for t in watched["inputs"] if first is None or t <= first]
+    busy = next((t for t, s in watched["status"] if s == "busy"), None)
+    idle = next((t for t, s in reversed(watched["status"]) if s == "idle"), None)
+    return {"input_s": max(inputs) if inputs else None,
+            "kernel_busy_s": None if busy is None or idle is None else idle - busy,
+            "after_kernel_s": None if idle is None or settled is None else settled - idle,
+            "output_changes": watched["changes"],
+            "image_kb": round(sum(int(h.split(":")[1]) for h in after.get("images", [])) / 1024)}
+
+
 def measure(nb: Notebook, bench: Bench, moves: int, timeout_s: float = 60) -> dict:
     area = nb.widget_area(bench.cell)
     for control, kind, to in bench.before:
         nb.act(nb.control(area, control, kind), kind, to)
         nb.settle(area, nb.state(area), expect_change=False, quiet=0.5)
-    firsts, settles, makespans, values = [], [], [], []
+    firsts, settles, makespans, values, parts = [], [], [], [], []
     for k in range(moves + 1):  # move 0 warms up (ranks started, figure cached), not counted
         to = bench.positions[k % len(bench.positions)]
         if bench.kind == "tab":
@@ -160,12 +208,14 @@ def measure(nb: Notebook, bench: Bench, moves: int, timeout_s: float = 60) -> di
         values.append(nb.act(ctl, bench.kind, to))
         first = nb.page.evaluate("() => window.__plab")
         after = nb.settle(area, before, expect_change=False, quiet=0.8)
-        settled = nb.page.evaluate("() => window.__plabLast()")
+        watched = nb.page.evaluate("() => window.__plabLast()")
+        settled = watched["last"]
         makespan = MAKESPAN.search(after.get("text", ""))
         if k > 0:
             firsts.append(first)
             settles.append(settled)
             makespans.append(float(makespan.group(1)) / 1e3 if makespan else None)
+            parts.append(where_the_time_went(watched, first, after))
 
     def median(xs):
         got = [x for x in xs if x is not None]
@@ -174,8 +224,13 @@ def measure(nb: Notebook, bench: Bench, moves: int, timeout_s: float = 60) -> di
            "first_s": median(firsts), "settled_s": median(settles)}
     if bench.target == "above_makespan_s":
         row["makespan_s"] = median(makespans)
-        above = [None if s is None or m is None else s - m for s, m in zip(settles, makespans)]
+        # from the release: the slider acts on it, and a drag's press-to-release is the hand's
+        above = [None if s is None or m is None or part["input_s"] is None
+                 else s - part["input_s"] - m
+                 for s, m, part in zip(settles, makespans, parts)]
         row["above_makespan_s"] = median(above)
+    for key in ("input_s", "kernel_busy_s", "after_kernel_s", "output_changes", "image_kb"):
+        row[key] = median([part[key] for part in parts])
     measured = row.get(bench.target)
     row.update(target=bench.target, target_s=bench.target_s,
                meets_target=measured is not None and measured <= bench.target_s,
