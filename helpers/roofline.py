@@ -1,4 +1,4 @@
-"""Measure this machine's two roofs: memory bandwidth and matmul FLOP/s (torch, one process).
+"""Measure this machine's two roofs, memory bandwidth and matmul FLOP/s, and a matmul's fixed cost (torch, one process).
 
 The roofline itself is arithmetic (`helpers.cost.roofline`); its figure and widget are in
 `helpers.views.hardware`.
@@ -34,3 +34,14 @@ def measure_matmul_flops(n: int = 1024, repeat: int = 5,
     m = measure(lambda: a @ b, f"matmul {n}x{n}x{n} {str(dtype).removeprefix('torch.')}",
                 repeat=repeat, warmup=1)
     return 2 * n**3 / m.median, m
+
+
+def measure_matmul_latency(n: int = 8, repeat: int = 200) -> tuple[float, Measurement]:
+    """Seconds of an n x n x n matmul so small its arithmetic is nothing: the fixed cost of
+    one call (torch's dispatch, the kernel's start), median of `repeat`."""
+    check_int("n", n, 1, 64)
+    check_int("repeat", repeat, 1)
+    generator = torch.Generator().manual_seed(0)
+    a, b = (torch.randn(n, n, generator=generator) for _ in range(2))
+    m = measure(lambda: a @ b, f"matmul {n}x{n}x{n}", repeat=repeat, warmup=10)
+    return m.median, m

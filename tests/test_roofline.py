@@ -91,6 +91,11 @@ def test_measurements_are_positive_and_plausible():
     flops, matmul = roofline.measure_matmul_flops(n=128, repeat=2)
     assert 1e8 < bandwidth < 1e13 and 1e6 < flops < 1e15
     assert "median" in str(copy) and "n=2" in str(matmul)
+    latency, tiny = roofline.measure_matmul_latency(repeat=20)
+    # a call's fixed cost: far below a millisecond, and the tiny matmul's arithmetic is nothing
+    assert 0 < latency < 1e-3 and latency == tiny.median and "n=20" in str(tiny)
+    with pytest.raises(ValueError, match="n must be between 1 and 64, got 128"):
+        roofline.measure_matmul_latency(n=128)
 
 
 def test_hierarchy_tables_and_ratios():

@@ -7,7 +7,8 @@ one GPU), `scaling` (the scaling laws), `comm` (communication on a hierarchical 
 `reference` (one step and the search, transcribed plainly), `machine` (a GPU and its network
 read once into the hashable records the search carries), `placement` and `search` (the same
 search, fast and bit-identical), `curve` (the curve and its summary points), `report` (the
-JSON output), `gtx580` (the GTX 580 question against Epoch AI's published answer) and
+JSON output), `gtx580` (the GTX 580 question against Epoch AI's published answer),
+`this_machine` (a rank of this machine's emulated cluster as the model's GPU record) and
 `__main__` (the CLI). The notebook's figures, tables and app are in `helpers.views.simulator`.
 
 Notation: the paper's short names stay in the code and in the CLI's JSON keys (`Model.d` is
