@@ -223,13 +223,16 @@ def run_small_sweep(ranks, op: str, world_size: int,
 # ----------------------------------------------------------------------------------------
 
 LEVEL_OPS = ("all_reduce", "all_gather", "reduce_scatter", "send_recv")
-# Across the link everything moves at about 60 MB/s: 1 MiB costs ~17 ms a call, so stop there.
-# Its shaper is a token bucket (64 KiB, or half a millisecond of the link): a message a rank
-# sends within it, after a pause, crosses at loopback speed, so sizes near it are on neither
-# the α line nor the β line. The link's sizes skip them: up to 16 KiB (α), then 512 KiB
-# (256 KiB a rank for the ops that split it over 2) and 1 MiB (β).
+# Across the link everything moves at about 60-100 MB/s: 1 MiB costs ~10-17 ms a call, so stop
+# there. Its shaper is a token bucket, not a wire: it refills at the link's rate while the
+# link is idle, so a message no larger than what refills during one call's software time
+# (2α, some 0.1-0.3 ms: about 10-20 KB at these rates) crosses at loopback speed where a wire
+# would take n/B, and the bucket's 64 KiB passes at full speed after a pause. Sizes there are
+# on neither the α line nor the β line (16 KiB missed its fit by 30 %, pulling the median
+# error to 25-50 % on an 80-100 MB/s link). The link's sizes skip them: 256 B to 4 KiB (α),
+# then 512 KiB (256 KiB a rank for the ops that split it over 2) and 1 MiB (β).
 LEVEL_SIZES = {cost.INSIDE: tuple(KiB * 4**k for k in range(7)),     # 1 KiB … 4 MiB
-               cost.ACROSS: (KiB, 4 * KiB, 16 * KiB, 512 * KiB, MiB)}
+               cost.ACROSS: (KiB // 4, KiB, 4 * KiB, 512 * KiB, MiB)}
 FLAT_VS_HIERARCHICAL_BYTES = 2 * MiB
 
 
