@@ -1,4 +1,5 @@
-"""Measure this machine's two roofs, memory bandwidth and matmul FLOP/s, and a matmul's fixed cost (torch, one process).
+"""Measure this machine's two roofs, memory bandwidth and matmul FLOP/s, and a matmul's fixed
+cost (torch, one process).
 
 The roofline itself is arithmetic (`helpers.cost.roofline`); its figure and widget are in
 `helpers.views.hardware`.

@@ -31,7 +31,7 @@ def cpu_cores() -> int:
         return os.cpu_count() or 1
 
 
-def _memory_bytes() -> int | None:
+def memory_bytes() -> int | None:
     """Physical memory, or the container's limit when one is set (cgroup v2)."""
     try:
         total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
@@ -48,7 +48,7 @@ def _memory_bytes() -> int | None:
 def max_cpu_world_size() -> int:
     """How many CPU ranks this machine can run: each needs memory for a process with torch
     imported, and more than a few ranks per core only queue behind each other."""
-    memory = _memory_bytes()
+    memory = memory_bytes()
     by_memory = _MAX_CPU_WORLD_SIZE if memory is None else memory // _BYTES_PER_CPU_RANK
     by_cores = max(8, _RANKS_PER_CORE * cpu_cores())
     return max(1, min(_MAX_CPU_WORLD_SIZE, by_memory, by_cores))

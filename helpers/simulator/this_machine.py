@@ -3,16 +3,16 @@ a few ranks joined by a shaped link, `helpers.launch.cluster`), in the fields of
 hardware record (`helpers.hardware.GPU`), from what was measured here.
 
 What is measured: the matmul FLOP/s and the DRAM copy bandwidth (notebook 00's measurements,
-shared by the ranks that share the cores), the memory (the machine's, shared likewise) and the two
-network levels' all-reduce α–β fits that notebook 02 saves (inside a node: loopback; across:
-the shaped link). What is not: the model's memory boundaries are a GPU's (registers, L2, HBM);
-a CPU core's caches stand in for the first two, their sizes read from /sys where Linux gives
-them, and the cache rate is a stated guess (`CACHE_OVER_DRAM` × the copy bandwidth).
+shared by the ranks that share the cores), the memory (`helpers.launch.host.memory_bytes`: the
+machine's, or its container's limit; shared likewise) and the two network levels' all-reduce
+α–β fits that notebook 02 saves (inside a node: loopback; across: the shaped link). What is
+not: the model's memory boundaries are a GPU's (registers, L2, HBM); a CPU core's caches stand
+in for the first two, their sizes read from /sys where Linux gives them, and the cache rate is a
+stated guess (`CACHE_OVER_DRAM` × the copy bandwidth).
 """
 from __future__ import annotations
 
 import math
-import os
 from pathlib import Path
 
 from helpers.checks import check_int, check_number
@@ -74,11 +74,6 @@ def this_machine_gpu(matmul_flops: float, copy_Bps: float, memory_bytes: float,
         latency_per_matmul_s=latency_per_matmul_s,
         network_levels=(level_of(inside, size=ranks_per_node),
                         level_of(across, ranks_sharing=ranks_per_node)))
-
-
-def memory_bytes() -> float:
-    """This machine's memory (bytes), as the operating system counts it."""
-    return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
 
 
 def across_costs(gpu: GPU) -> tuple[float, float]:
