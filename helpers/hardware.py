@@ -103,6 +103,16 @@ A100_SXM = _spec_gpu("A100 SXM", 16, 108, 1410, 0.85, 1555e9, 5603e9, 40, 40e9, 
 H100_SXM = _spec_gpu("H100 SXM", 32, 132, 1830, 0.70, 3352e9, 6441e9, 50, 80e9, (9e11, 1e11), True)
 H100_PCIE = _spec_gpu("H100 PCIe", 32, 114, 1620, 0.55, 2039e9, 5563e9, 50, 80e9, (9e11, 1e11), True)
 
+# Two parts of published training runs (notebook 10), kept out of the simulator's PRESETS so
+# notebook 06's menus stay the paper's. A100 SXM 80 GB: the 40 GB record with the 80 GB part's
+# HBM2e, 2,039 GB/s and 80 GB (NVIDIA A100 datasheet, 2021). H800 SXM: the H100 SXM's compute
+# and memory with its NVLink cut to 400 GB/s counting both directions (NVIDIA H800 datasheet);
+# DeepSeek-V3's report (arXiv:2412.19437, §3.2.2) quotes 160 GB/s NVLink and 50 GB/s InfiniBand
+# per GPU achieved, one direction: the InfiniBand level is the H100's 400 Gb/s NIC, 1e11 both ways.
+A100_SXM_80GB = _spec_gpu("A100 SXM 80 GB", 16, 108, 1410, 0.85, 2039e9, 5603e9, 40, 80e9,
+                          (6e11, 5e10), False)
+H800_SXM = _spec_gpu("H800 SXM", 32, 132, 1830, 0.70, 3352e9, 6441e9, 50, 80e9, (4e11, 1e11), True)
+
 # 2012's consumer card (AlexNet's), as Epoch AI's simulator announcement (2024) gives it. The
 # authors marked three kinds of value as their guesses: the effective utilization (0.85), the
 # fixed latency per matmul (22.5 µs) and the network latencies (5 µs per level). The links are
@@ -138,6 +148,9 @@ H100_SUPERPOD = replace(H100_SXM, name="H100 SXM Superpod", network_levels=(
 PRESETS: dict[str, GPU] = {g.name: g for g in (
     V100_SXM, A100_SXM, H100_SXM, H100_PCIE, GTX_580, H100_LOW_LATENCY, H100_GLOBAL_NVLINK,
     H100_GLOBAL_NVLINK_LL, H100_INFINITE_NETWORK_LL, H100_SUPERPOD)}
+
+# The GPUs of the published runs notebook 10 holds its planner against (nodes of 8).
+RUN_GPUS: dict[str, GPU] = {g.name: g for g in (A100_SXM, A100_SXM_80GB, H100_SXM, H800_SXM)}
 
 
 # ---------------------------------------------------------------------------------------

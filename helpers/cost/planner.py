@@ -1,0 +1,368 @@
+"""Plan a real training run: memory per GPU, step time and MFU of one layout, and every layout.
+
+A job is a model, a GPU, a number of GPUs in nodes of 8, a sequence length and a global batch.
+A layout splits it: t (tensor), p (pipeline, v chunks per rank when interleaved), d (data),
+c (context), e (experts, carved out of d), the micro-batch b (so m = batch / (d·b)), a ZeRO
+stage (3 = FSDP), sequence parallelism, recomputation, and the pipeline's schedule.
+
+Memory is notebook 08's ZeRO arithmetic (`zero_memory_per_rank`) on each GPU's share of the
+weights plus Korthikanti et al.'s activations (`activations.py`). The step is notebook 06's
+model (docs/cost_model.md): its matmul times (`matmul_time`), its communication formulas
+(`comm.py`), its bubble and overlap rules (`reference.step_seconds`), unchanged. What the
+simulator does not price is added and named in `Step.parts`: attention's projections and
+scores, a gated MLP's third matrix, experts chosen top-k, the output head, the recomputed
+forward, attention's tensor-parallel all-reduces, FSDP's gathers, the context ring, the expert
+all-to-all. 1-D tensor parallelism (Megatron's) is the simulator's 2-D split with TP_model = 1.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+from helpers.checks import check_choice, check_int
+from helpers.hardware import GPU
+from helpers.simulator.comm import dp_comm, ppep_comm, tp_comm
+from helpers.simulator.matmul import Chip, matmul_seconds
+from helpers.simulator.reference import step_seconds
+
+from .activations import RECOMPUTE, SCHEDULES, activation_bytes, stage_layers
+from .memory import MIXED_PRECISION_ADAM_BYTES, STAGES, zero_memory_per_rank
+from .model_shapes import Transformer
+
+NODE = 8                          # GPUs per node in every cluster here
+PARAM_BYTES = 2                   # bf16 weights (the compute copy)
+GB = 1e9
+
+
+@dataclass(frozen=True)
+class Job:
+    """What is trained on what: `batch` sequences of `seq` tokens per step on `gpus` GPUs."""
+    model: Transformer
+    gpu: GPU
+    gpus: int
+    seq: int
+    batch: int
+
+    def __post_init__(self):
+        for name in ("gpus", "seq", "batch"):
+            check_int(name, getattr(self, name))
+
+    @property
+    def tokens(self) -> int:
+        return self.seq * self.batch
+
+
+@dataclass(frozen=True)
+class Layout:
+    t: int = 1
+    p: int = 1
+    d: int = 1
+    c: int = 1
+    e: int = 1
+    v: int = 1
+    b: int = 1
+    zero: int = 1
+    sp: bool = True            # sequence parallelism (only means something with t > 1)
+    recompute: str = "selective"
+    schedule: str = "1f1b"
+    grad_bytes: int = 2        # 2: gradients reduced in bf16; 4: in fp32 (Megatron's default)
+    dropout: bool = False      # Korthikanti's GPT models keep dropout masks; Llama 3 has none
+
+    def m(self, job: Job) -> int:
+        return job.batch // (self.d * self.b)
+
+    def label(self) -> str:
+        parts = [f"t{self.t}", f"p{self.p}" + (f"·v{self.v}" if self.v > 1 else ""),
+                 f"d{self.d}"]
+        parts += [f"c{self.c}"] if self.c > 1 else []
+        parts += [f"e{self.e}"] if self.e > 1 else []
+        return " ".join(parts) + f" b{self.b} · ZeRO-{self.zero} · {self.recompute}" \
+            + (f" · {self.schedule}" if self.p > 1 else "")
+
+
+def limits(job: Job, lay: Layout, check_memory: bool = True) -> list[str]:
+    """Why a layout cannot run this job, each reason naming the limit; [] when it can.
+    `check_memory=False` asks only whether the layout is well formed (it can be priced)."""
+    mdl, out = job.model, []
+    check_choice("recompute", lay.recompute, RECOMPUTE)
+    check_choice("schedule", lay.schedule, SCHEDULES)
+    check_choice("zero", lay.zero, STAGES)
+    for name in ("t", "p", "d", "c", "e", "v", "b"):
+        check_int(name, getattr(lay, name))
+    if lay.t * lay.p * lay.d * lay.c != job.gpus:
+        out.append(f"t·p·d·c = {lay.t * lay.p * lay.d * lay.c} must equal the {job.gpus} GPUs")
+    if mdl.heads % lay.t or mdl.ffn % lay.t or (mdl.moe and mdl.expert_ffn % lay.t):
+        out.append(f"t = {lay.t} must divide the heads ({mdl.heads}) and the MLP widths")
+    if lay.t > NODE:
+        out.append(f"t = {lay.t} exceeds a node of {NODE}: its all-reduces would leave NVLink")
+    if job.batch % (lay.d * lay.b):
+        out.append(f"the batch of {job.batch} sequences must split into d·b = {lay.d * lay.b}")
+    if job.seq % (2 * lay.c) and lay.c > 1:
+        out.append(f"the sequence ({job.seq}) must split into 2c = {2 * lay.c} chunks")
+    if lay.c > 1 and lay.recompute == "none":
+        out.append("context parallelism needs the scores not stored: recompute selective or "
+                   "full (flash attention)")
+    if lay.e > 1 and (not mdl.moe or lay.d % lay.e or mdl.experts % lay.e):
+        out.append(f"e = {lay.e} must divide d ({lay.d}) and the experts ({mdl.experts})")
+    chunks = lay.p * (2 if lay.schedule == "dualpipev" else lay.v)
+    if chunks > mdl.layers:
+        out.append(f"{chunks} pipeline chunks for {mdl.layers} layers")
+    m = lay.m(job)
+    if lay.p > 1 and not out:
+        need = {"1f1b": lay.p, "gpipe": 1, "interleaved": lay.p, "zb-h2": 2 * lay.p - 1,
+                "dualpipev": 2 * lay.p}[lay.schedule]
+        if m < need:
+            out.append(f"{lay.schedule} needs m ≥ {need} micro-batches, has {m}")
+        if (lay.schedule == "interleaved") != (lay.v > 1):
+            out.append("v > 1 is the interleaved schedule's, and it needs v > 1")
+    if lay.p == 1 and (lay.v > 1 or lay.schedule not in ("1f1b", "gpipe")):
+        out.append("without a pipeline (p = 1) there is no schedule to choose")
+    if not out and check_memory:
+        mem = memory(job, lay)
+        if mem.total > job.gpu.hbm_bytes:
+            out.append(f"memory {mem.total / GB:.1f} GB > {job.gpu.hbm_bytes / GB:.0f} GB HBM")
+    return out
+
+
+# ---------------------------------------------------------------------------------------
+# Memory per GPU
+# ---------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Memory:
+    """Bytes on the busiest GPU, term by term."""
+    params: float
+    grads: float
+    optimizer: float
+    activations: float
+    buffers: float = 0.0       # FSDP's gathered layers
+
+    @property
+    def total(self) -> float:
+        return self.params + self.grads + self.optimizer + self.activations + self.buffers
+
+    def terms(self) -> dict[str, float]:
+        return {"parameters": self.params, "gradients": self.grads,
+                "optimizer state": self.optimizer, "activations": self.activations,
+                "FSDP buffers": self.buffers}
+
+
+def weights_per_gpu(job: Job, lay: Layout) -> tuple[float, float]:
+    """(weights every expert rank keeps, routed experts' weights) on the busiest stage's GPU:
+    its ⌈L/p⌉ layers' share, ÷ t (experts ÷ e·t too), plus one embedding matrix ÷ t (both
+    when p = 1)."""
+    mdl = job.model
+    share = stage_layers(mdl, lay.p) / mdl.layers
+    embed = mdl.embedding_params() if lay.p == 1 else mdl.vocab * mdl.hidden
+    dense = (mdl.dense_params() * share + embed) / lay.t
+    routed = mdl.routed_params() * share / (lay.e * lay.t)
+    return dense, routed
+
+
+def memory(job: Job, lay: Layout) -> Memory:
+    """Parameters, gradients and optimizer state (2 + grad_bytes + 12 per weight, ZeRO over
+    d·c, the experts' over d·c/e), activations, and FSDP's two gathered layers."""
+    dense, routed = weights_per_gpu(job, lay)
+    shard = lay.d * lay.c
+    parts = [zero_memory_per_rank(w, dp, lay.zero, PARAM_BYTES, lay.grad_bytes,
+                                  MIXED_PRECISION_ADAM_BYTES)
+             for w, dp in ((dense, shard), (routed, shard // lay.e)) if w > 0]
+    mdl = job.model
+    acts = activation_bytes(mdl, job.seq, lay.b, lay.t, lay.p, lay.m(job), lay.v, lay.c,
+                            lay.sp and lay.t > 1, lay.recompute, lay.schedule, lay.dropout)
+    layer = (mdl.dense_params() + mdl.routed_params() / lay.e) / mdl.layers / lay.t
+    buffers = 2 * PARAM_BYTES * layer if lay.zero == 3 else 0.0
+    return Memory(sum(x.params for x in parts), sum(x.grads for x in parts),
+                  sum(x.optimizer for x in parts), acts, buffers)
+
+
+# ---------------------------------------------------------------------------------------
+# Step time
+# ---------------------------------------------------------------------------------------
+
+def split(degrees: dict[str, int], node: int = NODE) -> dict[str, tuple[int, int]]:
+    """(inside a node, across nodes) for each degree, filling a node innermost-first in the
+    order t, c, e, d, p (Megatron's and Llama 3's order; e is carved out of d)."""
+    room, out = node, {}
+    for name in ("t", "c", "e", "d", "p"):
+        deg = degrees[name]
+        inner = math.gcd(deg, room) if name != "d" else math.gcd(deg // degrees["e"], room)
+        if name == "d":  # d's inner part counts e's already placed
+            inner_total = out["e"][0] * inner
+            out["d"] = (inner_total, deg // inner_total)
+        else:
+            out[name] = (inner, deg // inner)
+        room //= inner
+    return out
+
+
+@lru_cache(maxsize=4096)
+def _matrix(chip: Chip, out: int, inp: int, n: int) -> float:
+    """Forward, input gradient and weight gradient of one `out × inp` weight on n tokens:
+    the three matmul times notebook 06 gives each feed-forward matrix."""
+    return (matmul_seconds(chip, out, inp, n) + matmul_seconds(chip, inp, out, n)
+            + matmul_seconds(chip, out, inp, n, True))
+
+
+@lru_cache(maxsize=4096)
+def _forward(chip: Chip, out: int, inp: int, n: int) -> float:
+    return matmul_seconds(chip, out, inp, n)
+
+
+@dataclass(frozen=True)
+class Step:
+    """One step's time, its named parts (s), the bubble, and MFU."""
+    seconds: float
+    bubble: float
+    mfu: float
+    compute: dict[str, float] = field(default_factory=dict)   # per step, busiest stage
+    hidden: dict[str, float] = field(default_factory=dict)    # overlapped with compute
+    exposed: dict[str, float] = field(default_factory=dict)   # added to the step
+    latency: float = 0.0
+
+
+def _layer_compute(job: Job, lay: Layout, n: int) -> dict[str, tuple[float, float]]:
+    """Per layer and micro-batch: (forward+backward, forward alone) seconds of each part."""
+    mdl, chip, t = job.model, Chip.of(job.gpu), lay.t
+    h = mdl.hidden
+    ff = mdl.ffn // t
+    two = _matrix(chip, ff, h, n) + _matrix(chip, h, ff, n)     # the simulator's six
+    two_f = _forward(chip, ff, h, n) + _forward(chip, h, ff, n)
+    gate = (_matrix(chip, ff, h, n), _forward(chip, ff, h, n)) if mdl.gated else (0.0, 0.0)
+    share_moe = mdl.moe_layers / mdl.layers
+    parts = {"MLP matmuls (notebook 06)": ((1 - share_moe) * two, (1 - share_moe) * two_f),
+             "gated MLP's third matrix": tuple((1 - share_moe) * x for x in gate)}
+    if mdl.moe:
+        ef = mdl.expert_ffn // t
+        per_expert = max(1, round(n * mdl.top_k * lay.e / mdl.experts))
+        local = mdl.experts // lay.e
+        full = local * sum(_matrix(chip, a, b_, per_expert) for a, b_ in
+                           ((ef, h), (h, ef)) + (((ef, h),) if mdl.gated else ()))
+        fwd = local * sum(_forward(chip, a, b_, per_expert) for a, b_ in
+                          ((ef, h), (h, ef)) + (((ef, h),) if mdl.gated else ()))
+        shared = mdl.shared_experts * mdl.matrices
+        parts["experts (top-k, shared)"] = (
+            share_moe * (full + shared * _matrix(chip, ef, h, n)),
+            share_moe * (fwd + shared * _forward(chip, ef, h, n)))
+    q, kv = mdl.heads * mdl.d_qk // t, max(1, mdl.kv * (mdl.d_qk + mdl.d_v) // t)
+    o = mdl.heads * mdl.d_v // t
+    parts["attention projections"] = (
+        _matrix(chip, q, h, n) + _matrix(chip, kv, h, n) + _matrix(chip, h, o, n),
+        _forward(chip, q, h, n) + _forward(chip, kv, h, n) + _forward(chip, h, o, n))
+    # QKᵀ and (scores)V over the whole sequence: 2·n·s·(d_qk + d_v) FLOP per head forward.
+    score_f = 2 * n * job.seq * (mdl.heads // t) * (mdl.d_qk + mdl.d_v) / job.gpu.sustained_flops
+    parts["attention scores"] = (3 * score_f, score_f)
+    return parts
+
+
+def step(job: Job, lay: Layout) -> Step:
+    """Seconds of one training step of `job` in layout `lay`, its parts, and MFU (priced
+    whether or not it fits in memory: `limits` says that)."""
+    problems = limits(job, lay, check_memory=False)
+    if problems:
+        raise ValueError(f"layout {lay.label()}: " + "; ".join(problems))
+    mdl, gpu, N = job.model, job.gpu, job.gpus
+    m, n = lay.m(job), lay.b * job.seq // lay.c
+    layers = stage_layers(mdl, lay.p)
+    per_layer = _layer_compute(job, lay, n)
+    compute = {name: m * layers * both for name, (both, _) in per_layer.items()}
+    if lay.recompute == "full":
+        compute["recomputed forward"] = m * layers * sum(f for _, f in per_layer.values())
+    elif lay.recompute == "selective":
+        compute["recomputed forward"] = m * layers * per_layer["attention scores"][1]
+    compute["output head"] = m * _matrix(Chip.of(gpu), mdl.vocab // lay.t, mdl.hidden, n)
+    levels, by = gpu.network_levels, gpu.bytes_per_word
+    deg = split({"t": lay.t, "c": lay.c, "e": lay.e, "d": lay.d, "p": lay.p})
+    TP, PP = deg["t"], deg["p"]
+    ones = (1,) * len(levels)
+    L_eff, B = layers * lay.p, job.tokens
+    tp_bw, tp_lat = tp_comm(mdl.hidden, mdl.ffn, L_eff, B, ones, TP, levels, N, by)
+    hidden = {"TP all-reduces, MLP (notebook 06)": tp_bw,
+              "TP all-reduces, attention": tp_bw}
+    pp_bw, pp_lat = ppep_comm(mdl.hidden, L_eff, B, lay.v if lay.schedule == "interleaved"
+                              else 1, PP, ones, levels, N, by) if lay.p > 1 else (0.0, 0.0)
+    hidden["pipeline hops (notebook 06)"] = pp_bw
+    dense, routed = weights_per_gpu(job, lay)
+    DPc = tuple(x * y for x, y in zip(deg["d"], deg["c"]))
+    total_dense = dense * lay.t * lay.p            # the weights the DP groups reduce, whole
+    dp_bw, dp_lat = dp_comm(total_dense, DPc, levels, N, lay.grad_bytes)
+    if routed:
+        DPe = (max(1, DPc[0] // deg["e"][0]), max(1, DPc[1] // deg["e"][1]))
+        e_bw, e_lat = dp_comm(routed * lay.t * lay.p * lay.e, DPe, levels, N, lay.grad_bytes)
+        dp_bw, dp_lat = dp_bw + e_bw, dp_lat + e_lat
+    exposed = {"DP gradient reduction (notebook 06)": dp_bw}
+    top = 1 if DPc[1] > 1 else 0
+    if lay.zero == 3:   # each micro-batch gathers the weights twice; ZeRO-1/2 once per step
+        gather = (dense + routed) * PARAM_BYTES * (lay.d * lay.c - 1) / (lay.d * lay.c)
+        hidden["FSDP gathers"] = (2 * m - 1) * gather / (levels[top].bandwidth_Bps / 2)
+    if lay.c > 1:       # K and V pass c − 1 hops forward, and again with dK, dV backward
+        kv = n * mdl.kv * (mdl.d_qk + mdl.d_v) / lay.t * by
+        lvl = levels[1 if deg["c"][1] > 1 else 0]
+        hidden["context ring"] = m * layers * 3 * (lay.c - 1) * kv / (lvl.bandwidth_Bps / 2)
+    if mdl.moe and lay.e > 1:   # dispatch and combine, forward and backward, top-k copies
+        moved = 4 * n * mdl.top_k * mdl.hidden * by * (lay.e - 1) / lay.e
+        inner, outer = deg["e"]
+        far = (lay.e - inner) / max(1, lay.e - 1)
+        per = ((1 - far) / (levels[0].bandwidth_Bps / 2) + far / (levels[1].bandwidth_Bps / 2))
+        hidden["expert all-to-all"] = m * layers * mdl.moe_layers / mdl.layers * moved * per
+    zb = lay.schedule in ("zb-h2", "dualpipev")
+    v = lay.v if lay.schedule == "interleaved" else 1
+    seconds, bubble = step_seconds(sum(compute.values()), sum(hidden.values()), tp_lat,
+                                   0.0, pp_lat, sum(exposed.values()), dp_lat, lay.p, m, v,
+                                   zb, True, True, False)
+    mfu = mdl.model_flops_per_token(job.seq) * job.tokens / (N * gpu.peak_flops * seconds)
+    return Step(seconds, bubble, mfu, compute, hidden, exposed, tp_lat + pp_lat + dp_lat)
+
+
+# ---------------------------------------------------------------------------------------
+# Every layout
+# ---------------------------------------------------------------------------------------
+
+def _divisors(n: int) -> list[int]:
+    return [k for k in range(1, n + 1) if n % k == 0]
+
+
+def candidates(job: Job, recompute=RECOMPUTE, zero=(1, 2, 3), bs=(1, 2, 4)):
+    """Every layout of the job over t ≤ 8, c, p ≤ L, e, b, ZeRO stage, recomputation and
+    schedule (interleaved with v = 2), sequence parallelism on whenever t > 1."""
+    mdl, N = job.model, job.gpus
+    for t in (x for x in (1, 2, 4, 8) if N % x == 0):
+        for c in (x for x in (1, 2, 4, 8, 16) if (N // t) % x == 0):
+            for p in (x for x in _divisors(N // (t * c)) if x <= mdl.layers):
+                d = N // (t * c * p)
+                es = [x for x in _divisors(d) if mdl.experts % x == 0] if mdl.moe else [1]
+                scheds = [("1f1b", 1)] if p == 1 else \
+                    [("1f1b", 1), ("interleaved", 2), ("zb-h2", 1), ("dualpipev", 1)]
+                for e in es:
+                    for b in bs:
+                        for sched, v in scheds:
+                            for r in recompute:
+                                for z in zero:
+                                    yield Layout(t, p, d, c, e, v, b, z, t > 1, r, sched)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    layout: Layout
+    memory: Memory | None
+    step: Step | None
+    limits: tuple[str, ...]
+
+
+def enumerate_layouts(job: Job, **kw) -> list[Verdict]:
+    """Every candidate with its memory, step and MFU, or the limits it breaks."""
+    out = []
+    for lay in candidates(job, **kw):
+        why = limits(job, lay)
+        if why:
+            out.append(Verdict(lay, None, None, tuple(why)))
+        else:
+            out.append(Verdict(lay, memory(job, lay), step(job, lay), ()))
+    return out
+
+
+def best(verdicts: list[Verdict]) -> Verdict | None:
+    """The fastest feasible layout (highest MFU); on a tie, the one that holds less memory."""
+    ok = [v for v in verdicts if v.step is not None]
+    return min(ok, key=lambda v: (v.step.seconds, v.memory.total), default=None)
