@@ -15,6 +15,8 @@ from helpers.exercises import arithmetic as E
     (E.grade_collectives_all_to_all, [4, 14, 24, 34, 44, 54], [54, 44, 34, 24, 14, 4], "order"),
     (E.grade_collectives_all_to_all, [4, 14, 24, 34, 44, 54], [40, 41, 42, 43, 44, 45], "before"),
     (E.grade_collectives_ring_bytes, 1.75, 0.875, "one half"),
+    (E.grade_planner_state_gb, 10.78, 36.33, "nothing sharded"),
+    (E.grade_planner_activation_gb, 10.27, 1.28, "p = 8 of them"),
 ])
 def test_right_and_wrong(grade, right, wrong, words):
     yes, no = grade(right), grade(wrong)
@@ -174,3 +176,13 @@ def test_3d_quiet_tp_reads_the_readers_calibration():
     forward_only = in_step - 8 * 6 * (1 - 0.1)  # 8 of the 16 all-reduces, 6α each
     assert "the backward has 2 more" in E.grade_3d_quiet_tp(forward_only, cal, config).why
     assert "in seconds" in E.grade_3d_quiet_tp(quiet / 1e3, cal, config).why
+
+
+def test_planner_fits_grader():
+    """Notebook 10's layout exercise: one that fits passes, the obvious ones name their limit."""
+    from helpers.cost.planner import Layout
+    assert E.grade_planner_fits(Layout(t=8, p=2, d=1, b=1, zero=1, recompute="full")).right
+    no = E.grade_planner_fits(Layout(t=8, p=2, d=1, b=1, zero=1))
+    assert not no.right and "HBM" in no.why
+    assert "t·p·d·c" in E.grade_planner_fits(Layout(t=8, p=4, d=1)).why
+    assert not E.grade_planner_fits("t8 p2").right

@@ -650,3 +650,68 @@ def grade_ring_idle(answer: float) -> Verdict:
         ((1 - 1 / 8, "that compares the first rank with the last; the mean rank works 4 blocks."),
          (0.5, "close, but the diagonal block is half a block: 1 − 4/7.5.")),
         f"{answer:g} is not it: 1 − mean/max of causal_work(8, 'naive').")
+
+
+# --- notebook 10: planning a real run ---
+
+def grade_planner_state_gb(answer_gb: float) -> Verdict:
+    """Exercise: GB (10⁹ B) of weights, gradients and optimizer state on one GPU for Llama 3 70B
+    at t = 8, p = 4, d = 16, ZeRO-1, bf16 weights and gradients, fp32 master and moments
+    (2 + 2 + 12); the busiest stage holds 20 layers and one embedding matrix."""
+    from helpers.cost.model_shapes import LLAMA3_70B
+    from helpers.cost.planner import Job, Layout, memory
+    from helpers.hardware import H100_SXM
+    job, lay = Job(LLAMA3_70B, H100_SXM, 512, 8192, 512), Layout(t=8, p=4, d=16, zero=1)
+    mem = memory(job, lay)
+    expected = (mem.params + mem.grads + mem.optimizer) / 1e9
+    w = mem.params / 2 / 1e9
+    return judge(
+        answer_gb, expected,
+        f"the GPU keeps {w:.2f} G weights (20 layers and an embedding, ÷ t): 2 + 2 bytes each "
+        f"whole and 12 ÷ d = 16: {expected:.1f} GB.",
+        ((16 * w, "that is 16 bytes a weight with nothing sharded: ZeRO-1 divides the 12 bytes "
+                  "of optimizer state by d."),
+         (16 * LLAMA3_70B.params() / 512 / 1e9, "that shards everything over all 512 GPUs "
+                                                "(ZeRO-3 over every rank)."),
+         (4 * w + 12 * LLAMA3_70B.params() / 512 / 1e9, "the optimizer state is divided by d "
+                                                         "among a stage's copies, not by all GPUs.")),
+        f"{answer_gb:g} GB is not it: count one GPU's weights first (its stage's layers and one "
+        "embedding, split t ways), then the bytes each keeps whole and the ones ZeRO-1 splits.")
+
+
+def grade_planner_activation_gb(answer_gb: float) -> Verdict:
+    """Exercise: GB of activations on the first pipeline stage of GPT-3 175B (Korthikanti et
+    al.'s 175B: s = 2048, b = 1, h = 12288, 96 layers, t = 8, p = 8, 1F1B) with sequence
+    parallelism and selective recomputation, counting the layers only."""
+    s, b, h, L, t = 2048, 1, 12288, 96, 8
+    expected = 34 * s * b * h * L / t / 1e9
+    return judge(
+        answer_gb, expected,
+        f"34·s·b·h/t per layer, and 1F1B's first stage holds p micro-batches of L/p layers: "
+        f"L layers' worth, {expected:.1f} GB.",
+        ((expected / 8, "that is one micro-batch of the stage's 12 layers: 1F1B's first stage "
+                        "holds p = 8 of them."),
+         (expected * 8, "the first stage holds p micro-batches of L/p layers, not of L."),
+         ((10 + 24 / t) * s * b * h * L / 1e9, "that is without sequence parallelism: it "
+                                                 "splits the remaining 10·sbh too.")),
+        f"{answer_gb:g} GB is not it: take the paper's bytes per layer with both techniques, "
+        "then ask how many layers' worth the first stage holds at its peak.")
+
+
+def grade_planner_fits(layout) -> Verdict:
+    """Exercise: a layout of Llama 3 70B on 16 H100s (2 nodes), 64 sequences of 8K per step,
+    that fits in 80 GB and reaches at least 30 % MFU in the planner."""
+    from helpers.cost.model_shapes import LLAMA3_70B
+    from helpers.cost.planner import Job, Layout, limits, step
+    from helpers.hardware import H100_SXM
+    job = Job(LLAMA3_70B, H100_SXM, 16, 8192, 64)
+    if not isinstance(layout, Layout):
+        return Verdict(False, "pass a helpers.cost.planner.Layout(t=…, p=…, d=…, …)")
+    why = limits(job, layout)
+    if why:
+        return Verdict(False, "it breaks: " + "; ".join(why))
+    mfu = step(job, layout).mfu
+    if mfu < 0.30:
+        return Verdict(False, f"it fits, at {mfu:.0%} MFU: look at the step's parts for what "
+                              "dominates (tensor parallelism across nodes? a large bubble?)")
+    return Verdict(True, f"it fits and the planner gives {mfu:.0%} MFU.")
