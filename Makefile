@@ -55,7 +55,7 @@ notebooks: $(STAMP)
 
 # Every speed figure the issues ask for; each prints one JSON object as its last line.
 bench: $(STAMP)
-	for b in interactivity collectives ddp tp pipeline parallel3d cluster memory experts_context exercises simulator browser; do $(PY) -m benchmarks.$$b || exit 1; done
+	for b in interactivity collectives ddp tp pipeline parallel3d cluster memory experts_context exercises simulator planner browser; do $(PY) -m benchmarks.$$b || exit 1; done
 
 figures: $(STAMP)
 	$(PY) -m figures.make_figures

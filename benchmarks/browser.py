@@ -13,7 +13,7 @@ machine's load average beside them (before and after). Targets (`target_s`, on t
 named in `target`): <= 0.3 s first for notebook 01's world size between 2 and 8 warm ranks;
 <= 0.2 s first for the pure widgets (00, 03, 04, 06's tabs); 05 at most 0.15 s above the
 schedule's own wait-mode run (`makespan_s`, read off the output's title), counted from the
-input's release (`above_makespan_s` = settled - input_s - makespan_s); 08 and 09 settled
+input's release (`above_makespan_s` = settled - input_s - makespan_s); 08, 09 and 10 settled
 <= 0.3 s; 06's re-running slider settled <= 0.5 s; 07's run button (3 steps on the flat network)
 settled <= 1.5 s. Beside them, where each move's time went (medians): `input_s`, the input
 itself (a drag's press to release: the sliders act on release); `kernel_busy_s`, the kernel busy
@@ -107,6 +107,12 @@ BENCHES = (
           ("top-2", "top-1"), 0.3, "top-k", target="settled_s"),
     Bench("09_experts_long_context.ipynb", "widget_experts(", r"capacity factor", "slider",
           ("max", "min"), 0.3, "capacity factor", target="settled_s"),
+    Bench("10_planning_a_run.ipynb", "widget_planner(", r"^t \(", "dropdown",
+          ("4", "8"), 0.3, "t 8↔4", target="settled_s"),
+    Bench("10_planning_a_run.ipynb", "widget_planner(", r"^model$", "dropdown",
+          ("last", "first"), 0.3, "model", target="settled_s"),
+    Bench("10_planning_a_run.ipynb", "widget_planner(", r"^ZeRO stage", "toggle",
+          ("3", "2"), 0.3, "ZeRO stage 2↔3", target="settled_s"),
 )
 
 # Arms a MutationObserver on the area and a capture listener for the input. `window.__plab`

@@ -27,6 +27,7 @@ WIDGETS = {
     "07": ("widget_parallel3d(", "line"),   # a run button
     "08": ("widget_memory_planner(", "figure"),
     "09": ("widget_experts(", "figure"),
+    "10": ("widget_planner(", "figure"),
 }
 # What ipywidgets prints for a widget where nothing renders it: "VBox(children=(…".
 REPR = re.compile(r"\b(VBox|HBox|Tab|interactive|Output)\(children=")

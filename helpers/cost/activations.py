@@ -22,6 +22,7 @@ the plans of notebook 05).
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 
 from helpers.checks import check_choice, check_int
 
@@ -35,7 +36,7 @@ def layer_bytes(model: Transformer, seq: int, tokens: float, t: int = 1, sp: boo
                 recompute: str = "none", dropout: bool = True, moe: bool = False) -> float:
     """Bytes one layer keeps for `tokens` tokens of sequences of length `seq` on one of t
     tensor-parallel GPUs. `moe` prices an MoE layer's MLP (top_k experts plus the shared
-    ones per token); GPT-3 in the paper's setting gives s·b·h·(10 + 24/t + 5as/(ht))."""
+    ones per token, and the top_k copies of the token dispatched to them); GPT-3 in the paper's setting gives s·b·h·(10 + 24/t + 5as/(ht))."""
     check_choice("recompute", recompute, RECOMPUTE)
     check_int("t (tensor degree)", t)
     h = model.hidden
@@ -48,8 +49,9 @@ def layer_bytes(model: Transformer, seq: int, tokens: float, t: int = 1, sp: boo
     attention = 2 * (model.heads * model.d_qk + model.kv * model.d_qk + model.kv * model.d_v
                      + model.heads * model.d_v)               # Q, K, V, out-projection input
     per_mlp = (6 if model.gated else 4)                        # bytes per unit of width
-    if moe:
-        mlp = per_mlp * model.expert_ffn * (model.top_k + model.shared_experts)
+    if moe:  # each of the top_k experts keeps its own copy of the token's input
+        mlp = (per_mlp * model.expert_ffn * (model.top_k + model.shared_experts)
+               + 2 * h * model.top_k)
     else:
         mlp = per_mlp * model.ffn
     scores = 0.0 if recompute == "selective" else (2 + 3 * masks) * model.heads * seq
@@ -93,6 +95,7 @@ def extra_bytes(model: Transformer, seq: int, tokens: float, t: int, p: int,
     return first, last
 
 
+@lru_cache(maxsize=1 << 16)  # pure; notebook 10 enumerates thousands of layouts
 def activation_bytes(model: Transformer, seq: int, b: int, t: int = 1, p: int = 1, m: int = 1,
                      v: int = 1, c: int = 1, sp: bool = False, recompute: str = "none",
                      schedule: str = "1f1b", dropout: bool = True) -> float:
@@ -109,3 +112,22 @@ def activation_bytes(model: Transformer, seq: int, b: int, t: int = 1, p: int = 
                                            moe=True))
     first, last = extra_bytes(model, seq, tokens, t, p, held)
     return per_layer * layers * held + first + (last if p == 1 else 0.0)
+
+
+# DeepSeek-V3's multi-head latent attention keeps, per token, a query latent of 1,536 values
+# and a key-value latent of 512 plus a 64-value rotary key (arXiv:2412.19437, §2.1.1, §4.2).
+MLA_LATENT = 1536 + 512 + 64
+
+
+def deepseek_v3_savings(model: Transformer, tokens: float) -> dict[str, float]:
+    """Bytes one MoE layer of DeepSeek-V3 no longer keeps for `tokens` tokens at t = 1, by the
+    report's three measures (arXiv:2412.19437): recomputing the RMSNorms' outputs and MLA's
+    up-projections in the backward (§3.2.3: the latents are kept instead of Q, K and V), and
+    caching the experts' inputs and SwiGLU's inputs in FP8, SwiGLU's output recomputed (§3.3.4).
+    Each is a term of `layer_bytes(..., moe=True)` taken out or halved."""
+    h, k, f = model.hidden, model.top_k, model.expert_ffn
+    qkv = 2 * (model.heads * model.d_qk + model.kv * (model.d_qk + model.d_v))
+    return {"RMSNorm outputs recomputed": 4 * h * tokens,
+            "MLA up-projections recomputed (latents kept)": (qkv - 2 * MLA_LATENT) * tokens,
+            "experts' inputs in FP8": h * k * tokens,
+            "SwiGLU inputs in FP8, output recomputed": 4 * f * (k + model.shared_experts) * tokens}

@@ -41,6 +41,13 @@ def zero_memory_per_rank(psi: float, d: int, stage: int, param_bytes: float = 2,
     for name, value in (("param_bytes", param_bytes), ("grad_bytes", grad_bytes),
                         ("optimizer_bytes", optimizer_bytes)):
         check_number(name, value, low=0)
+    return zero_terms(psi, d, stage, param_bytes, grad_bytes, optimizer_bytes)
+
+
+def zero_terms(psi: float, d: int, stage: int, param_bytes: float, grad_bytes: float,
+               optimizer_bytes: float) -> ZeroMemory:
+    """zero_memory_per_rank's arithmetic without its checks, for callers that checked once
+    (notebook 10's planner prices tens of thousands of layouts)."""
     return ZeroMemory(params=psi * param_bytes / (d if stage >= 3 else 1),
                       grads=psi * grad_bytes / (d if stage >= 2 else 1),
                       optimizer=psi * optimizer_bytes / (d if stage >= 1 else 1))

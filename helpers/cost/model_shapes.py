@@ -12,6 +12,7 @@ eq. 3, before its factor 4/3 for recomputation): `model_flops_per_token`.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cache
 
 from helpers.checks import check_int
 
@@ -75,6 +76,7 @@ class Transformer:
         """Weight matrices per MLP (or expert): 3 with a gate, else 2."""
         return 3 if self.gated else 2
 
+    @cache  # a frozen record: its counts never change
     def attention_params(self) -> int:
         """Q, K, V and the output projection of one layer."""
         if self.attention_weights:
@@ -86,10 +88,12 @@ class Transformer:
     def mlp_params(self, width: int) -> int:
         return self.matrices * self.hidden * width
 
+    @cache  # a frozen record: its counts never change
     def routed_params(self) -> int:
         """Every routed expert of every MoE layer: the part expert parallelism divides."""
         return self.moe_layers * self.experts * self.mlp_params(self.expert_ffn)
 
+    @cache  # a frozen record: its counts never change
     def dense_params(self) -> int:
         """Layer weights that every expert-parallel rank keeps: attention, dense MLPs,
         shared experts."""
@@ -101,9 +105,11 @@ class Transformer:
         """Input embedding and output head (one matrix when tied)."""
         return self.vocab * self.hidden * (1 if self.tied_embeddings else 2)
 
+    @cache  # a frozen record: its counts never change
     def params(self) -> int:
         return self.dense_params() + self.routed_params() + self.embedding_params()
 
+    @cache  # a frozen record: its counts never change
     def active_params(self) -> int:
         """Weights one token meets: the dense ones, top_k experts per MoE layer, both
         embeddings' matrices (the lookup does no FLOPs, see model_flops_per_token)."""

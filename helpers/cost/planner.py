@@ -22,17 +22,23 @@ from functools import lru_cache
 
 from helpers.checks import check_choice, check_int
 from helpers.hardware import GPU
-from helpers.simulator.comm import dp_comm, ppep_comm, tp_comm
+from helpers.simulator import comm as sim_comm
 from helpers.simulator.matmul import Chip, matmul_seconds
 from helpers.simulator.reference import step_seconds
 
 from .activations import RECOMPUTE, SCHEDULES, activation_bytes, stage_layers
-from .memory import MIXED_PRECISION_ADAM_BYTES, STAGES, zero_memory_per_rank
+from .memory import MIXED_PRECISION_ADAM_BYTES, STAGES, ZeroMemory, zero_terms
 from .model_shapes import Transformer
 
 NODE = 8                          # GPUs per node in every cluster here
 PARAM_BYTES = 2                   # bf16 weights (the compute copy)
 GB = 1e9
+HEAD = "output head"
+
+# Notebook 06's communication formulas, unchanged; memoised because an enumeration asks each
+# the same question for many layouts (all their arguments are numbers and tuples).
+tp_comm, ppep_comm, dp_comm = (lru_cache(maxsize=1 << 14)(f) for f in
+                               (sim_comm.tp_comm, sim_comm.ppep_comm, sim_comm.dp_comm))
 
 
 @dataclass(frozen=True)
@@ -84,12 +90,30 @@ class Layout:
 def limits(job: Job, lay: Layout, check_memory: bool = True) -> list[str]:
     """Why a layout cannot run this job, each reason naming the limit; [] when it can.
     `check_memory=False` asks only whether the layout is well formed (it can be priced)."""
-    mdl, out = job.model, []
+    check_layout(lay)
+    out = _malformed(job, lay)
+    if not out and check_memory:
+        out += _too_big(job, memory(job, lay))
+    return out
+
+
+def check_layout(lay: Layout) -> None:
+    """One clear error for a value no job accepts (a typo, a negative degree)."""
     check_choice("recompute", lay.recompute, RECOMPUTE)
     check_choice("schedule", lay.schedule, SCHEDULES)
     check_choice("zero", lay.zero, STAGES)
     for name in ("t", "p", "d", "c", "e", "v", "b"):
         check_int(name, getattr(lay, name))
+
+
+def _too_big(job: Job, mem: Memory) -> list[str]:
+    if mem.total > job.gpu.hbm_bytes:
+        return [f"memory {mem.total / GB:.1f} GB > {job.gpu.hbm_bytes / GB:.0f} GB HBM"]
+    return []
+
+
+def _malformed(job: Job, lay: Layout) -> list[str]:
+    mdl, out = job.model, []
     if lay.t * lay.p * lay.d * lay.c != job.gpus:
         out.append(f"t·p·d·c = {lay.t * lay.p * lay.d * lay.c} must equal the {job.gpus} GPUs")
     if mdl.heads % lay.t or mdl.ffn % lay.t or (mdl.moe and mdl.expert_ffn % lay.t):
@@ -118,10 +142,6 @@ def limits(job: Job, lay: Layout, check_memory: bool = True) -> list[str]:
             out.append("v > 1 is the interleaved schedule's, and it needs v > 1")
     if lay.p == 1 and (lay.v > 1 or lay.schedule not in ("1f1b", "gpipe")):
         out.append("without a pipeline (p = 1) there is no schedule to choose")
-    if not out and check_memory:
-        mem = memory(job, lay)
-        if mem.total > job.gpu.hbm_bytes:
-            out.append(f"memory {mem.total / GB:.1f} GB > {job.gpu.hbm_bytes / GB:.0f} GB HBM")
     return out
 
 
@@ -152,29 +172,38 @@ def weights_per_gpu(job: Job, lay: Layout) -> tuple[float, float]:
     """(weights every expert rank keeps, routed experts' weights) on the busiest stage's GPU:
     its ⌈L/p⌉ layers' share, ÷ t (experts ÷ e·t too), plus one embedding matrix ÷ t (both
     when p = 1)."""
-    mdl = job.model
-    share = stage_layers(mdl, lay.p) / mdl.layers
-    embed = mdl.embedding_params() if lay.p == 1 else mdl.vocab * mdl.hidden
-    dense = (mdl.dense_params() * share + embed) / lay.t
-    routed = mdl.routed_params() * share / (lay.e * lay.t)
-    return dense, routed
+    return _weights(job.model, lay.t, lay.p, lay.e)
+
+
+@lru_cache(maxsize=4096)
+def _weights(mdl: Transformer, t: int, p: int, e: int) -> tuple[float, float]:
+    share = stage_layers(mdl, p) / mdl.layers
+    embed = mdl.embedding_params() if p == 1 else mdl.vocab * mdl.hidden
+    return (mdl.dense_params() * share + embed) / t, mdl.routed_params() * share / (e * t)
 
 
 def memory(job: Job, lay: Layout) -> Memory:
     """Parameters, gradients and optimizer state (2 + grad_bytes + 12 per weight, ZeRO over
     d·c, the experts' over d·c/e), activations, and FSDP's two gathered layers."""
-    dense, routed = weights_per_gpu(job, lay)
-    shard = lay.d * lay.c
-    parts = [zero_memory_per_rank(w, dp, lay.zero, PARAM_BYTES, lay.grad_bytes,
-                                  MIXED_PRECISION_ADAM_BYTES)
-             for w, dp in ((dense, shard), (routed, shard // lay.e)) if w > 0]
-    mdl = job.model
-    acts = activation_bytes(mdl, job.seq, lay.b, lay.t, lay.p, lay.m(job), lay.v, lay.c,
+    return _memory(job.model, lay, weights_per_gpu(job, lay), _activations(job, lay))
+
+
+def _activations(job: Job, lay: Layout) -> float:
+    return activation_bytes(job.model, job.seq, lay.b, lay.t, lay.p, lay.m(job), lay.v, lay.c,
                             lay.sp and lay.t > 1, lay.recompute, lay.schedule, lay.dropout)
+
+
+def _memory(mdl: Transformer, lay: Layout, weights: tuple[float, float], acts: float) -> Memory:
+    dense, routed = weights
+    shard = lay.d * lay.c
+    a = zero_terms(dense, shard, lay.zero, PARAM_BYTES, lay.grad_bytes, MIXED_PRECISION_ADAM_BYTES)
+    if routed:
+        b = zero_terms(routed, shard // lay.e, lay.zero, PARAM_BYTES, lay.grad_bytes,
+                       MIXED_PRECISION_ADAM_BYTES)
+        a = ZeroMemory(a.params + b.params, a.grads + b.grads, a.optimizer + b.optimizer)
     layer = (mdl.dense_params() + mdl.routed_params() / lay.e) / mdl.layers / lay.t
     buffers = 2 * PARAM_BYTES * layer if lay.zero == 3 else 0.0
-    return Memory(sum(x.params for x in parts), sum(x.grads for x in parts),
-                  sum(x.optimizer for x in parts), acts, buffers)
+    return Memory(a.params, a.grads, a.optimizer, acts, buffers)
 
 
 # ---------------------------------------------------------------------------------------
@@ -253,41 +282,65 @@ def _layer_compute(job: Job, lay: Layout, n: int) -> dict[str, tuple[float, floa
     # QKᵀ and (scores)V over the whole sequence: 2·n·s·(d_qk + d_v) FLOP per head forward.
     score_f = 2 * n * job.seq * (mdl.heads // t) * (mdl.d_qk + mdl.d_v) / job.gpu.sustained_flops
     parts["attention scores"] = (3 * score_f, score_f)
+    parts[HEAD] = (_matrix(chip, mdl.vocab // t, h, n), 0.0)   # once per micro-batch, not per layer
     return parts
 
 
-def step(job: Job, lay: Layout) -> Step:
+def step(job: Job, lay: Layout, overlap_tp: bool = True) -> Step:
     """Seconds of one training step of `job` in layout `lay`, its parts, and MFU (priced
-    whether or not it fits in memory: `limits` says that)."""
+    whether or not it fits in memory: `limits` says that). `overlap_tp=False` puts the tensor-
+    parallel all-reduces on the critical path, as Megatron's layers wait for them; notebook
+    06's default hides them under the matmuls."""
     problems = limits(job, lay, check_memory=False)
     if problems:
         raise ValueError(f"layout {lay.label()}: " + "; ".join(problems))
-    mdl, gpu, N = job.model, job.gpu, job.gpus
-    m, n = lay.m(job), lay.b * job.seq // lay.c
-    layers = stage_layers(mdl, lay.p)
-    per_layer = _layer_compute(job, lay, n)
-    compute = {name: m * layers * both for name, (both, _) in per_layer.items()}
+    return _step(job, lay, _layer_compute(job, lay, lay.b * job.seq // lay.c),
+                 overlap_tp=overlap_tp)
+
+
+def _step(job: Job, lay: Layout, per_layer: dict[str, tuple[float, float]],
+          comm: tuple | None = None, overlap_tp: bool = True) -> Step:
+    mdl, gpu = job.model, job.gpu
+    m, layers = lay.m(job), stage_layers(mdl, lay.p)
+    compute = {name: m * (1 if name == HEAD else layers) * both
+               for name, (both, _) in per_layer.items()}
     if lay.recompute == "full":
         compute["recomputed forward"] = m * layers * sum(f for _, f in per_layer.values())
     elif lay.recompute == "selective":
         compute["recomputed forward"] = m * layers * per_layer["attention scores"][1]
-    compute["output head"] = m * _matrix(Chip.of(gpu), mdl.vocab // lay.t, mdl.hidden, n)
+    hidden, exposed, tp_lat, pp_lat, dp_lat = comm or _comm(job, lay)
+    zb = lay.schedule in ("zb-h2", "dualpipev")
+    v = lay.v if lay.schedule == "interleaved" else 1
+    tp = sum(x for name, x in hidden.items() if name.startswith("TP"))
+    others = sum(hidden.values()) - tp
+    seconds, bubble = step_seconds(sum(compute.values()), tp, tp_lat, others, pp_lat,
+                                   sum(exposed.values()), dp_lat, lay.p, m, v, zb,
+                                   overlap_tp, True, False)
+    mfu = mdl.model_flops_per_token(job.seq) * job.tokens / (job.gpus * gpu.peak_flops * seconds)
+    return Step(seconds, bubble, mfu, compute, hidden, exposed, tp_lat + pp_lat + dp_lat)
+
+
+def _comm(job: Job, lay: Layout) -> tuple[dict, dict, float, float, float]:
+    """(overlapped parts, exposed parts, TP, PP and DP latency) of one step, in seconds:
+    notebook 06's formulas where they apply, each addition named."""
+    mdl, gpu, N = job.model, job.gpu, job.gpus
+    m, n, layers = lay.m(job), lay.b * job.seq // lay.c, stage_layers(mdl, lay.p)
     levels, by = gpu.network_levels, gpu.bytes_per_word
     deg = split({"t": lay.t, "c": lay.c, "e": lay.e, "d": lay.d, "p": lay.p})
-    TP, PP = deg["t"], deg["p"]
     ones = (1,) * len(levels)
     L_eff, B = layers * lay.p, job.tokens
-    tp_bw, tp_lat = tp_comm(mdl.hidden, mdl.ffn, L_eff, B, ones, TP, levels, N, by)
+    # 1-D TP is the 2-D split with TP_model = 1: h words all-reduced per token, twice a layer
+    tp_bw, tp_lat = tp_comm(mdl.hidden, mdl.ffn, L_eff, B, ones, deg["t"], levels, N, by)
     hidden = {"TP all-reduces, MLP (notebook 06)": tp_bw,
-              "TP all-reduces, attention": tp_bw}
+              "TP all-reduces, attention": tp_bw}          # as many again, for attention
+    tp_lat *= 2
     pp_bw, pp_lat = ppep_comm(mdl.hidden, L_eff, B, lay.v if lay.schedule == "interleaved"
-                              else 1, PP, ones, levels, N, by) if lay.p > 1 else (0.0, 0.0)
+                              else 1, deg["p"], ones, levels, N, by) if lay.p > 1 else (0.0, 0.0)
     hidden["pipeline hops (notebook 06)"] = pp_bw
     dense, routed = weights_per_gpu(job, lay)
     DPc = tuple(x * y for x, y in zip(deg["d"], deg["c"]))
-    total_dense = dense * lay.t * lay.p            # the weights the DP groups reduce, whole
-    dp_bw, dp_lat = dp_comm(total_dense, DPc, levels, N, lay.grad_bytes)
-    if routed:
+    dp_bw, dp_lat = dp_comm(dense * lay.t * lay.p, DPc, levels, N, lay.grad_bytes)
+    if routed:          # the experts' gradients are reduced among the d·c/e copies of each
         DPe = (max(1, DPc[0] // deg["e"][0]), max(1, DPc[1] // deg["e"][1]))
         e_bw, e_lat = dp_comm(routed * lay.t * lay.p * lay.e, DPe, levels, N, lay.grad_bytes)
         dp_bw, dp_lat = dp_bw + e_bw, dp_lat + e_lat
@@ -301,18 +354,12 @@ def step(job: Job, lay: Layout) -> Step:
         lvl = levels[1 if deg["c"][1] > 1 else 0]
         hidden["context ring"] = m * layers * 3 * (lay.c - 1) * kv / (lvl.bandwidth_Bps / 2)
     if mdl.moe and lay.e > 1:   # dispatch and combine, forward and backward, top-k copies
-        moved = 4 * n * mdl.top_k * mdl.hidden * by * (lay.e - 1) / lay.e
-        inner, outer = deg["e"]
-        far = (lay.e - inner) / max(1, lay.e - 1)
+        # of this GPU's share of the tokens (sequence parallelism splits them t ways)
+        moved = 4 * n / lay.t * mdl.top_k * mdl.hidden * by * (lay.e - 1) / lay.e
+        far = (lay.e - deg["e"][0]) / max(1, lay.e - 1)
         per = ((1 - far) / (levels[0].bandwidth_Bps / 2) + far / (levels[1].bandwidth_Bps / 2))
         hidden["expert all-to-all"] = m * layers * mdl.moe_layers / mdl.layers * moved * per
-    zb = lay.schedule in ("zb-h2", "dualpipev")
-    v = lay.v if lay.schedule == "interleaved" else 1
-    seconds, bubble = step_seconds(sum(compute.values()), sum(hidden.values()), tp_lat,
-                                   0.0, pp_lat, sum(exposed.values()), dp_lat, lay.p, m, v,
-                                   zb, True, True, False)
-    mfu = mdl.model_flops_per_token(job.seq) * job.tokens / (N * gpu.peak_flops * seconds)
-    return Step(seconds, bubble, mfu, compute, hidden, exposed, tp_lat + pp_lat + dp_lat)
+    return hidden, exposed, tp_lat, pp_lat, dp_lat
 
 
 # ---------------------------------------------------------------------------------------
@@ -351,14 +398,34 @@ class Verdict:
 
 
 def enumerate_layouts(job: Job, **kw) -> list[Verdict]:
-    """Every candidate with its memory, step and MFU, or the limits it breaks."""
-    out = []
+    """Every candidate with its memory (None if malformed), step and MFU (None if it cannot
+    run), and the limits it breaks. What does not depend on a knob is priced once for all
+    its values: a layer's compute on (t, e, tokens), the traffic on everything but the
+    recomputation and ZeRO-0/1/2 against each other, the activations on everything but ZeRO."""
+    out, layer_cache, comm_cache, act_cache, step_cache = [], {}, {}, {}, {}
     for lay in candidates(job, **kw):
-        why = limits(job, lay)
+        why = _malformed(job, lay)
         if why:
             out.append(Verdict(lay, None, None, tuple(why)))
-        else:
-            out.append(Verdict(lay, memory(job, lay), step(job, lay), ()))
+            continue
+        akey = (lay.t, lay.p, lay.d, lay.c, lay.e, lay.v, lay.b, lay.recompute, lay.schedule)
+        if akey not in act_cache:
+            act_cache[akey] = (weights_per_gpu(job, lay), _activations(job, lay))
+        mem = _memory(job.model, lay, *act_cache[akey])
+        why = _too_big(job, mem)
+        if why:
+            out.append(Verdict(lay, mem, None, tuple(why)))
+            continue
+        key = (lay.t, lay.e, lay.b * job.seq // lay.c)
+        if key not in layer_cache:
+            layer_cache[key] = _layer_compute(job, lay, key[2])
+        ckey = akey[:-2] + (lay.schedule, lay.zero == 3)
+        if ckey not in comm_cache:
+            comm_cache[ckey] = _comm(job, lay)
+        skey = ckey + (lay.recompute,)            # ZeRO-0, 1 and 2 take the same step
+        if skey not in step_cache:
+            step_cache[skey] = _step(job, lay, layer_cache[key], comm_cache[ckey])
+        out.append(Verdict(lay, mem, step_cache[skey], ()))
     return out
 
 
@@ -366,3 +433,37 @@ def best(verdicts: list[Verdict]) -> Verdict | None:
     """The fastest feasible layout (highest MFU); on a tie, the one that holds less memory."""
     ok = [v for v in verdicts if v.step is not None]
     return min(ok, key=lambda v: (v.step.seconds, v.memory.total), default=None)
+
+
+# ---------------------------------------------------------------------------------------
+# The worked example: the rules a person follows, in order
+# ---------------------------------------------------------------------------------------
+
+def step_by_step(job: Job, zero: int = 2, recompute: str = "selective",
+                 schedule: str = "1f1b", b: int = 1) -> tuple[list[str], Layout | None]:
+    """Memory first, then TP inside the node, then PP, then DP: each step's reason printed,
+    and the layout they lead to (None if no p makes it fit)."""
+    mdl, N, hbm = job.model, job.gpus, job.gpu.hbm_bytes
+    said = [f"1. memory: 16 B × {mdl.params() / 1e9:.0f} G weights = "
+            f"{16 * mdl.params() / 1e12:.1f} TB of model state, the HBM of "
+            f"{math.ceil(16 * mdl.params() / hbm):,} GPUs before a single activation"]
+    t = max(x for x in (1, 2, 4, 8) if not (mdl.heads % x or mdl.ffn % x or N % x))
+    said.append(f"2. t = {t}: tensor parallelism as wide as a node's NVLink allows; sequence "
+                f"parallelism with it")
+    for p in (x for x in _divisors(N // t) if x <= mdl.layers):
+        lay = Layout(t=t, p=p, d=N // (t * p), b=b, zero=zero, recompute=recompute,
+                     schedule=schedule if p > 1 else "1f1b")
+        if _malformed(job, lay):
+            continue
+        mem = memory(job, lay)
+        said.append(f"3. p = {p:>3}: weights per GPU {weights_per_gpu(job, lay)[0] / 1e9:5.2f} G,"
+                    f" state {(mem.total - mem.activations) / 1e9:5.1f} GB + activations "
+                    f"{mem.activations / 1e9:5.1f} GB = {mem.total / 1e9:5.1f} GB"
+                    + (" fits" if mem.total <= hbm else ""))
+        if mem.total <= hbm:
+            said.append(f"4. d = {N:,} / ({t}·{p}) = {lay.d}: the rest of the GPUs copy the "
+                        f"model; m = {lay.m(job)} micro-batches of {b}")
+            return said, lay
+    said.append("no p fits: longer pipelines do not shrink 1F1B's activations (the first stage "
+                "holds L layers' worth); recompute more, or add context parallelism")
+    return said, None

@@ -225,3 +225,13 @@ def reality_check(runs=RUNS) -> list[Check]:
         out.append(Check(run, lay, mem / 1e9, mem <= run.job.gpu.hbm_bytes,
                          step(run.job, lay).mfu, run.published_mfu()))
     return out
+
+
+def fp8_matmuls(gpu):
+    """The same GPU with its matmuls in FP8: 8-bit words, twice the FLOP per clock (an H100's
+    or H800's dense FP8 peak is twice its bf16 one, NVIDIA H100 datasheet). MFU in the course's
+    convention stays against the bf16 peak: multiply this record's MFU by 2."""
+    fpct = dict(gpu.flop_per_clock_per_thread)
+    fpct[8] = 2 * fpct[gpu.bitwidth]
+    return replace(gpu, name=f"{gpu.name}, FP8 matmuls", bitwidth=8,
+                    flop_per_clock_per_thread=fpct)

@@ -195,6 +195,18 @@ WIDGETS = (
         Step(r"router seed", "slider", "max", text=r"token slots"),
         Step(r"router seed", "slider", "min", text=r"token slots"),
     ), shows=r"token slots; \d+ dropped"),
+    Widget("10_planning_a_run.ipynb", "widget_planner(", (
+        Step(r"^t \(", "dropdown", "4",
+             text=r"^limits broken: interleaved needs m ≥ 16 micro-batches, has 8"),
+        Step(r"^t \(", "dropdown", "8", text=r"MFU \d+\.\d% · step \d+\.\d\d s"),
+        Step(r"^model$", "dropdown", "last", text=r"MFU \d+\.\d%"),
+        Step(r"^model$", "dropdown", "Llama 3 405B", text=r"^memory 75\.7 GB of 80 GB HBM"),
+        Step(r"^ZeRO stage", "toggle", "1", text=r"^limits broken: memory 82\.6 GB > 80 GB HBM"),
+        Step(r"^ZeRO stage", "toggle", "2", text=r"^limits broken: none"),
+        Step(r"^GPUs", "dropdown", "12,288",     # d = 96 does not split the batch of 2048
+             text=r"^limits broken: the batch of 2048 sequences must split into d·b = 96"),
+        Step(r"^GPUs", "dropdown", "16,384", text=r"MFU 40\.9% · step 6\.64 s"),
+    ), shows=r"MFU 40\.9% · step 6\.64 s[\s\S]*limits broken: none"),
 )
 
 BY_NOTEBOOK = {w.notebook: w for w in WIDGETS}
