@@ -33,28 +33,31 @@ SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h2", "dualpipev")
 
 
 def layer_bytes(model: Transformer, seq: int, tokens: float, t: int = 1, sp: bool = False,
-                recompute: str = "none", dropout: bool = True, moe: bool = False) -> float:
+                recompute: str = "none", dropout: bool = True, moe: bool = False,
+                value_bytes: float = 2) -> float:
     """Bytes one layer keeps for `tokens` tokens of sequences of length `seq` on one of t
-    tensor-parallel GPUs. `moe` prices an MoE layer's MLP (top_k experts plus the shared
-    ones per token, and the top_k copies of the token dispatched to them); GPT-3 in the paper's setting gives s·b·h·(10 + 24/t + 5as/(ht))."""
+    tensor-parallel GPUs, `value_bytes` per value (2 in 16-bit training; a dropout mask 1).
+    `moe` prices an MoE layer's MLP (top_k experts plus the shared ones per token, and the
+    top_k copies of the token dispatched to them). GPT-3 in the paper's setting gives
+    s·b·h·(10 + 24/t + 5as/(ht))."""
     check_choice("recompute", recompute, RECOMPUTE)
     check_int("t (tensor degree)", t)
-    h = model.hidden
+    h, w = model.hidden, value_bytes
     if recompute == "full":
-        return 2 * h * tokens / (t if sp else 1)
+        return w * h * tokens / (t if sp else 1)
     masks = 1 if dropout else 0
     # Outside tensor parallelism's two collectives: two norms' inputs, the inputs of QKV and
-    # of the MLP, two dropout masks.
-    outside = 4 * h + 2 * h + 2 * h + 2 * masks * h
-    attention = 2 * (model.heads * model.d_qk + model.kv * model.d_qk + model.kv * model.d_v
+    # of the MLP (the norms' outputs), two dropout masks.
+    outside = 4 * w * h + 2 * masks * h
+    attention = w * (model.heads * model.d_qk + model.kv * model.d_qk + model.kv * model.d_v
                      + model.heads * model.d_v)               # Q, K, V, out-projection input
-    per_mlp = (6 if model.gated else 4)                        # bytes per unit of width
+    per_mlp = (3 if model.gated else 2) * w                    # bytes per unit of width
     if moe:  # each of the top_k experts keeps its own copy of the token's input
         mlp = (per_mlp * model.expert_ffn * (model.top_k + model.shared_experts)
-               + 2 * h * model.top_k)
+               + w * h * model.top_k)
     else:
         mlp = per_mlp * model.ffn
-    scores = 0.0 if recompute == "selective" else (2 + 3 * masks) * model.heads * seq
+    scores = 0.0 if recompute == "selective" else (w + (w + 1) * masks) * model.heads * seq
     inside = attention + mlp + scores
     if sp:
         return tokens * (outside + inside) / t

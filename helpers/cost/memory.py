@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from helpers.checks import check_choice, check_int, check_number
+from helpers.cost.activations import layer_bytes
+from helpers.cost.model_shapes import Transformer
 
 STAGES = {0: "plain DP", 1: "ZeRO-1 (optimizer state)", 2: "ZeRO-2 (+ gradients)",
           3: "ZeRO-3 / FSDP (+ parameters)"}
@@ -122,22 +124,28 @@ class ActivationShape:
 # saved tensors; tests/test_memory_measured.py checks it against saved_tensors_hooks):
 # the block input x and its LayerNorm's output (2), q, k, v (3), the attention output (1; the
 # CPU kernel lays it out so that `out` reads it without a copy), the residual x₁ and its
-# LayerNorm's output (2), up's output (4), GELU's output (4).
+# LayerNorm's output (2), up's output (4), GELU's output (4). These are Korthikanti et al.'s
+# 34·sbh of a GPT layer (notebook 10's `activations.layer_bytes`) in 4-byte values, without
+# dropout masks and without the s × s scores, which the CPU's flash-attention kernel never keeps.
 BLOCK_VALUES_PER_TOKEN_H = 16
 # … plus, per token: two LayerNorms' mean and 1/std (4 values) and attention's log-sum-exp
-# (one value per head: the CPU's flash-attention kernel keeps no s × s matrix).
+# (one value per head), which the paper's count leaves out.
 BLOCK_VALUES_PER_TOKEN = 4
 
 
 def block_activation_bytes(shape: ActivationShape, bytes_per_value: float = 4,
                            checkpointed: bool = False) -> float:
     """Bytes one block keeps for its backward: 16·bsh + (4 + heads)·bs values; with
-    activation checkpointing only its input, b·s·h (the rest is recomputed in backward)."""
+    activation checkpointing only its input, b·s·h (the rest is recomputed in backward).
+    The 16·bsh (and the checkpointed b·s·h) are notebook 10's planner's `layer_bytes` for
+    this shape, as a GPU run would keep them, in this run's bytes per value."""
     tokens = shape.batch * shape.seq
-    if checkpointed:
-        return tokens * shape.hidden * bytes_per_value
-    return tokens * (BLOCK_VALUES_PER_TOKEN_H * shape.hidden + BLOCK_VALUES_PER_TOKEN
-                     + shape.heads) * bytes_per_value
+    gpt = Transformer("notebook 07's decoder", shape.layers, shape.hidden, shape.heads,
+                      4 * shape.hidden, shape.vocab)
+    kept = layer_bytes(gpt, shape.seq, tokens, recompute="full" if checkpointed else "selective",
+                       dropout=False, value_bytes=bytes_per_value)
+    stats = 0 if checkpointed else tokens * (BLOCK_VALUES_PER_TOKEN + shape.heads) * bytes_per_value
+    return kept + stats
 
 
 def head_activation_bytes(shape: ActivationShape, bytes_per_value: float = 4) -> float:
