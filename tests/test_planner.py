@@ -11,8 +11,9 @@ import pytest
 from helpers.cost.activations import activation_bytes, in_flight, layer_bytes
 from helpers.cost.memory import zero_memory_per_rank
 from helpers.cost.model_shapes import DEEPSEEK_V3, LLAMA3_405B, LLAMA3_8B, MODELS
-from helpers.cost.planner import (Job, Layout, best, enumerate_layouts, limits, memory, split,
-                                  step)
+from helpers.cost import planner
+from helpers.cost.planner import (Job, Layout, Pricing, best, enumerate_layouts, limits, memory,
+                                  split, step)
 from helpers.cost.published_runs import (RUNS, gpt, megatron_model_flops, reality_check)
 from helpers.cost.schedules import make_plan, peak_live
 from helpers.hardware import A100_SXM_80GB, H100_SXM
@@ -166,7 +167,7 @@ def test_step_parts_and_mfu():
     assert st.bubble == pytest.approx(15 / (15 + 2 * 16))
     flops = LLAMA3_405B.model_flops_per_token(8192) * JOB.tokens
     assert st.mfu == pytest.approx(flops / (16384 * H100_SXM.peak_flops * st.seconds))
-    for name in ("attention scores", "attention projections", "recomputed forward"):
+    for name in (planner.SCORES, "attention projections", "recomputed forward"):
         assert st.compute[name] > 0
 
 
@@ -200,3 +201,73 @@ def test_free_knobs_pick_the_fastest_that_fits():
     assert chosen in fitting
     assert step(run.job, chosen).seconds == min(step(run.job, x).seconds for x in fitting)
     assert math.isclose(chosen.t * chosen.p * chosen.d * chosen.c, 16384)
+
+
+def test_enumeration_prices_each_layout_as_step_and_memory_do():
+    """The enumeration shares work between layouts; each verdict must still be what the public
+    functions say of that layout alone."""
+    job = Job(DEEPSEEK_V3, H100_SXM, 256, 4096, 512)
+    verdicts = enumerate_layouts(job)
+    assert [v.layout for v in verdicts] == list(planner.candidates(job))
+    priced = [v for v in verdicts if v.step is not None]
+    for v in priced[::97] + [x for x in verdicts if x.step is None][::211]:
+        assert limits(job, v.layout) == list(v.limits)
+        if v.memory is not None:
+            assert memory(job, v.layout).total == pytest.approx(v.memory.total, rel=1e-12)
+        if v.step is not None:
+            assert step(job, v.layout).seconds == pytest.approx(v.step.seconds, rel=1e-12)
+
+
+def test_bad_input_is_one_clear_error():
+    for bad in (dict(t=0), dict(b=-1), dict(zero=4), dict(recompute="some"), dict(grad_bytes=3),
+                dict(sp="no"), dict(schedule="gpipe2")):
+        with pytest.raises((ValueError, TypeError), match=next(iter(bad))):
+            Layout(**bad)
+    with pytest.raises(ValueError, match="model"):
+        Job("llama", H100_SXM, 8, 1024, 8)
+    with pytest.raises(ValueError, match="gpu"):
+        Job(LLAMA3_8B, None, 8, 1024, 8)
+    with pytest.raises(ValueError, match="seq"):
+        Job(LLAMA3_8B, H100_SXM, 8, 0, 8)
+    with pytest.raises(ValueError, match="t·p·d·c"):
+        step(JOB, replace(META, d=64))
+
+
+def test_zero2_reduces_every_micro_batch_and_fsdp_gathers():
+    one, two, three = (step(JOB, replace(META, zero=z)) for z in (1, 2, 3))
+    name = "ZeRO gradient reduce-scatters, per micro-batch"
+    assert name not in one.hidden
+    dp = one.exposed["DP gradient reduction (notebook 06)"]
+    assert two.hidden[name] == pytest.approx((16 - 1) * dp / 2)
+    assert two.exposed["DP gradient reduction (notebook 06)"] == dp
+    assert three.exposed["DP gradient reduction (notebook 06)"] == dp / 2
+    assert three.hidden["FSDP gathers"] > 0
+
+
+def test_dualpipev_pays_its_papers_bubble():
+    lay = replace(META, schedule="dualpipev", v=1, d=64, c=2)          # m = 32 ≥ 2p
+    st = step(JOB, lay)
+    assert st.bubble == pytest.approx(planner.dualpipev_bubble(16, 32)) == 15 / (96 + 15)
+    assert step(JOB, replace(lay, schedule="zb-h2")).bubble == 0
+
+
+def test_pricing_choices_move_the_step_the_right_way():
+    base = step(JOB, META)
+    assert step(JOB, META, Pricing(overlap_tp=False)).seconds > base.seconds
+    causal = step(JOB, META, Pricing(causal_skip=True))
+    assert causal.compute[planner.SCORES] == pytest.approx(base.compute[planner.SCORES] / 2)
+    fp8 = step(JOB, replace(META, fp8=True))
+    assert fp8.compute["attention projections"] < base.compute["attention projections"]
+    assert fp8.compute[planner.SCORES] == base.compute[planner.SCORES]   # kept in bf16
+
+
+def test_shapes_and_schedules_refuse_what_cannot_be():
+    from helpers.cost.model_shapes import Transformer
+    with pytest.raises(ValueError, match="kv_heads"):
+        Transformer("x", 2, 64, 8, 256, 100, kv_heads=3)
+    with pytest.raises(ValueError, match="top_k"):
+        Transformer("x", 2, 64, 8, 256, 100, experts=4, top_k=0, expert_ffn=32)
+    with pytest.raises(ValueError, match="p"):
+        in_flight("1f1b", 0, 4)
+    with pytest.raises(ValueError, match="seq"):
+        activation_bytes(LLAMA3_8B, 0, 1)

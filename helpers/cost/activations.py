@@ -71,6 +71,8 @@ def in_flight(schedule: str, p: int, m: int, v: int = 1) -> float:
     DualPipeV 2p + 1 chunks of half a stage. `tests/test_planner.py` checks each against
     `helpers.cost.schedules.peak_live` of the plans notebook 05 runs."""
     check_choice("schedule", schedule, SCHEDULES)
+    for name, value in (("p (pipeline stages)", p), ("m (micro-batches)", m), ("v", v)):
+        check_int(name, value)
     if schedule == "gpipe":
         return m
     if schedule == "1f1b":
@@ -92,7 +94,8 @@ def extra_bytes(model: Transformer, seq: int, tokens: float, t: int, p: int,
     """(first stage, last stage): beyond the layers, the paper's §4.3 terms. The first stage
     keeps the embedding's dropout mask, s·b·h/t per micro-batch held; the last keeps the final
     norm's and the output projection's inputs and the fp32 logits, 4·s·b·h·(1 + V/h)/t,
-    once (its micro-batch leaves before the next arrives)."""
+    once (its micro-batch leaves before the next arrives). The first stage is the busiest
+    under 1F1B and its kin; `activation_bytes` counts it, adding the last's only when p = 1."""
     first = tokens * model.hidden * held / t
     last = 4 * tokens * (model.hidden + model.vocab) / t
     return first, last
@@ -106,6 +109,8 @@ def activation_bytes(model: Transformer, seq: int, b: int, t: int = 1, p: int = 
     dense and MoE layers in proportion) times the micro-batches in flight, plus the first
     stage's embedding term, or with p = 1 the head's too. Context parallelism (c) gives each
     GPU s/c of every sequence's tokens; it requires the scores not to be stored."""
+    for name, value in (("seq", seq), ("b (micro-batch)", b), ("t", t), ("c", c)):
+        check_int(name, value)
     tokens = b * seq / c
     held = in_flight(schedule, p, m, v)
     layers = stage_layers(model, p)

@@ -48,6 +48,18 @@ class Transformer:
         if self.hidden % self.heads:
             raise ValueError(f"{self.name}: hidden={self.hidden} must be a multiple of "
                              f"heads={self.heads}")
+        for name in ("kv_heads", "experts", "top_k", "expert_ffn", "shared_experts",
+                     "dense_layers", "head_dim_qk", "head_dim_v", "attention_weights"):
+            check_int(name, getattr(self, name), low=0)
+        if self.kv_heads and self.heads % self.kv_heads:
+            raise ValueError(f"{self.name}: kv_heads={self.kv_heads} must divide "
+                             f"heads={self.heads}")
+        if self.experts and not (1 <= self.top_k <= self.experts and self.expert_ffn >= 1
+                                 and self.dense_layers < self.layers):
+            raise ValueError(f"{self.name}: an MoE needs 1 <= top_k <= experts "
+                             f"({self.top_k} of {self.experts}), expert_ffn >= 1 "
+                             f"({self.expert_ffn}) and dense_layers < layers "
+                             f"({self.dense_layers} of {self.layers})")
 
     # --- shape -------------------------------------------------------------------------
     @property
@@ -141,9 +153,9 @@ def _mla_weights(h: int, heads: int, q_rank: int, kv_rank: int, nope: int, rope:
             + heads * v * h)                                  # W_O
 
 
-GPT3_175B = Transformer("GPT-3 175B", 96, 12288, 96, 4 * 12288, 51200,
-                        source="Brown et al. 2020, Table 2.1; vocabulary padded to 51,200 as "
-                               "Megatron-LM trains it")
+GPT3_175B = Transformer("GPT-3 175B", 96, 12288, 96, 4 * 12288, 51200, tied_embeddings=True,
+                        source="Brown et al. 2020, Table 2.1; vocabulary padded to 51,200 and "
+                               "the output head tied to the embedding, as Megatron-LM trains it")
 LLAMA3_8B = Transformer("Llama 3 8B", 32, 4096, 32, 14336, 128256, kv_heads=8, gated=True,
                         source="Dubey et al. 2024 (arXiv:2407.21783), Table 3")
 LLAMA3_70B = Transformer("Llama 3 70B", 80, 8192, 64, 28672, 128256, kv_heads=8, gated=True,

@@ -180,7 +180,8 @@ RUNS: tuple[PublishedRun, ...] = (
                  "batch 15,360), Table 1 (2,664K H800 GPU-hours for 14.8T tokens)",
                  Job(DEEPSEEK_V3, H800_SXM, 2048, 4096, 15360),
                  Layout(t=1, p=16, d=128, e=64, b=1, zero=1, recompute="selective",
-                        schedule="dualpipev", sp=False, grad_bytes=4), (14.8e12, 2.664e6),
+                        schedule="dualpipev", sp=False, grad_bytes=4, fp8=True),
+                 (14.8e12, 2.664e6),
                  "GPU-hours", "no MFU reported: tokens per GPU-hour, every stall and restart "
                  "included; its matmuls ran in FP8, whose peak is twice bf16's"),
     PublishedRun("PaLM 540B",
@@ -226,12 +227,3 @@ def reality_check(runs=RUNS) -> list[Check]:
                          step(run.job, lay).mfu, run.published_mfu()))
     return out
 
-
-def fp8_matmuls(gpu):
-    """The same GPU with its matmuls in FP8: 8-bit words, twice the FLOP per clock (an H100's
-    or H800's dense FP8 peak is twice its bf16 one, NVIDIA H100 datasheet). MFU in the course's
-    convention stays against the bf16 peak: multiply this record's MFU by 2."""
-    fpct = dict(gpu.flop_per_clock_per_thread)
-    fpct[8] = 2 * fpct[gpu.bitwidth]
-    return replace(gpu, name=f"{gpu.name}, FP8 matmuls", bitwidth=8,
-                    flop_per_clock_per_thread=fpct)

@@ -77,10 +77,7 @@ def plan(job: Job, lay: Layout) -> Plan:
     if not isinstance(lay, Layout):
         raise TypeError(f"layout must be a Layout, got {type(lay).__name__}")
     broken = tuple(limits(job, lay, check_memory=False))
-    try:
-        mem = memory(job, lay)
-    except (ValueError, ZeroDivisionError):   # e.g. e larger than d·c: no share to count
-        mem = None
+    mem = memory(job, lay)
     if broken:
         return Plan(job, lay, broken, mem, None)
     over = limits(job, lay)          # well formed: only the memory limit can be left
