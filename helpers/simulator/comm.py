@@ -13,10 +13,11 @@ import math
 from helpers.hardware import NetworkLevel
 
 
-def allreduce(words, p, rs, rp, level: NetworkLevel, N, by) -> tuple[float, float]:
-    """(bandwidth s, latency s) of `rs` sequential × `rp` parallel all-reduces among `p`."""
-    bw = 2 * (p - 1) * words * rs * rp * by / (N * level.bandwidth_Bps / 2)
-    lat = 2 * rs * level.latency_s if p > 1 else 0.0
+def allreduce(words, g, rs, rp, level: NetworkLevel, N, by) -> tuple[float, float]:
+    """(bandwidth s, latency s) of `rs` sequential × `rp` parallel all-reduces, each among a
+    group of `g` GPUs (of the cluster's N)."""
+    bw = 2 * (g - 1) * words * rs * rp * by / (N * level.bandwidth_Bps / 2)
+    lat = 2 * rs * level.latency_s if g > 1 else 0.0
     return bw, lat
 
 

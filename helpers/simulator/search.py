@@ -124,10 +124,10 @@ def _dp_exact(P, split, cluster: Cluster) -> tuple[float, float]:
     N, by = cluster.N, cluster.machine.bytes_per_word
     bw_max, lat_sum = 0.0, 0.0
     for k, (bw, lat, _) in enumerate(cluster.machine.levels):
-        p = split[k]
-        # allreduce(P, p, rs=1, rp=outer): the factors of 1 dropped (exact on ints and floats)
-        bw_max = max(bw_max, 2 * (p - 1) * P * math.prod(split[k + 1:]) * by / (N * bw / 2))
-        lat_sum += 2 * lat if p > 1 else 0.0
+        g = split[k]
+        # allreduce(P, g, rs=1, rp=outer): the factors of 1 dropped (exact on ints and floats)
+        bw_max = max(bw_max, 2 * (g - 1) * P * math.prod(split[k + 1:]) * by / (N * bw / 2))
+        lat_sum += 2 * lat if g > 1 else 0.0
     return bw_max, lat_sum
 
 
