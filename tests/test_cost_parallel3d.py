@@ -196,3 +196,13 @@ def test_parity_labels_do_not_overprint():
     boxes = [a.get_window_extent(renderer) for a in fig.axes[0].texts if isinstance(a, Annotation)]
     assert len(boxes) == 4
     assert not any(a.overlaps(b) for i, a in enumerate(boxes) for b in boxes[i + 1:])
+
+
+def test_a_group_of_one_sends_nothing():
+    """At d = 1 the gradient hook's span is not communication: it goes to unattributed."""
+    from types import SimpleNamespace as NS
+    spans = [[NS(kind="compute", start=0, end=1), NS(kind="dp_comm", start=1, end=1.25)]]
+    alone = measured_breakdown(spans, step_s=1.5, pipelined=True, data_parallel=False)
+    assert alone.dp_comm_s == 0 and alone.unattributed_s == 0.25 and alone.idle_s == 0.25
+    flat = measured_breakdown(spans, step_s=1.5, pipelined=False, data_parallel=False)
+    assert flat.unattributed_s == 0.5

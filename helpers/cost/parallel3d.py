@@ -391,11 +391,13 @@ KINDS = ("compute", "tp_comm", "pp_comm", "dp_comm", "optimizer")
 
 
 def measured_breakdown(spans_by_rank: Iterable[Iterable], step_s: float,
-                       pipelined: bool = True) -> Breakdown:
+                       pipelined: bool = True, data_parallel: bool = True) -> Breakdown:
     """A measured step by cause, from every rank's spans of that step (objects with `kind`,
     `start`, `end`): each part is the mean over ranks of its spans' summed lengths; the rest
     of the step, time inside no span, is `idle_s` with a pipeline (`pipelined`: its ranks wait
-    in the bubble) and `unattributed_s` without one."""
+    in the bubble) and `unattributed_s` without one. Without data parallelism (d = 1) the
+    gradient hook still runs on a group of one and sends nothing: its span is not
+    communication, so it is counted as unattributed."""
     totals = []
     for spans in spans_by_rank:
         sums = dict.fromkeys(KINDS, 0.0)
@@ -407,11 +409,12 @@ def measured_breakdown(spans_by_rank: Iterable[Iterable], step_s: float,
     if not totals:
         raise ValueError("spans_by_rank must hold at least one rank")
     mean = {k: statistics.fmean(s[k] for s in totals) for k in KINDS}
-    rest = step_s - sum(mean.values())
+    lone = 0.0 if data_parallel else mean.pop("dp_comm")
+    rest = step_s - sum(mean.values()) - lone
     return Breakdown(compute_s=mean["compute"], tp_comm_s=mean["tp_comm"],
-                     p2p_s=mean["pp_comm"], dp_comm_s=mean["dp_comm"],
+                     p2p_s=mean["pp_comm"], dp_comm_s=mean.get("dp_comm", 0.0),
                      optimizer_s=mean["optimizer"], idle_s=rest if pipelined else 0.0,
-                     unattributed_s=0.0 if pipelined else rest)
+                     unattributed_s=lone + (0.0 if pipelined else rest))
 
 
 @dataclass(frozen=True)

@@ -434,7 +434,8 @@ def run_layout(ranks, layout: Layout, config: TransformerConfig = TRANSFORMER,
     median = sorted(range(steps), key=times.__getitem__)[(steps - 1) // 2]
     last = next(r for r in results if r.losses)  # a rank of the last stage
     return Run(layout, times[median],
-               measured_breakdown(per_step[median], times[median], pipelined=layout.p > 1),
+               measured_breakdown(per_step[median], times[median], pipelined=layout.p > 1,
+                                  data_parallel=layout.d > 1),
                per_step[median], tuple(times), last.losses[0], last.first_loss)
 
 

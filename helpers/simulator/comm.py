@@ -45,13 +45,14 @@ def dp_comm(P: int, DP: tuple[int, ...], levels, N: int, by: float) -> tuple[flo
     return bw_max, lat_sum
 
 
-def tp_comm(d: int, f: int, L: int, B: int, TPm: tuple[int, ...], TPf: tuple[int, ...],
-            levels, N: int, by: float) -> tuple[float, float]:
-    """2-D TP: `f` words all-reduced among TP_model, `d` words among TP_ff, 2L times per step."""
+def tp_comm(h_model: int, h_ff: int, L: int, B: int, TPm: tuple[int, ...],
+            TPf: tuple[int, ...], levels, N: int, by: float) -> tuple[float, float]:
+    """2-D TP: `h_ff` words all-reduced among TP_model, `h_model` words among TP_ff, 2L times
+    per step (the paper's f and d)."""
     bw_max, lat_sum = 0.0, 0.0
     for k, level in enumerate(levels):
-        bw1, lat1 = allreduce(f, TPm[k], 2 * L, B * outer(TPm, k), level, N, by)
-        bw2, lat2 = allreduce(d, TPf[k], 2 * L, B * outer(TPf, k), level, N, by)
+        bw1, lat1 = allreduce(h_ff, TPm[k], 2 * L, B * outer(TPm, k), level, N, by)
+        bw2, lat2 = allreduce(h_model, TPf[k], 2 * L, B * outer(TPf, k), level, N, by)
         bw_max = max(bw_max, bw1 + bw2)
         lat_sum += lat1 + lat2
     return bw_max, lat_sum
@@ -84,9 +85,9 @@ def ep_frequencies(EP: tuple[int, ...]) -> tuple[dict[int, float], dict[int, flo
     return bw, lat
 
 
-def ppep_comm(d: int, L: int, B: int, v: int, PP: tuple[int, ...], EP: tuple[int, ...],
+def ppep_comm(h_model: int, L: int, B: int, v: int, PP: tuple[int, ...], EP: tuple[int, ...],
               levels, N: int, by: float) -> tuple[float, float]:
-    """Activations between pipeline stages and to experts: `d` words per token, p2p."""
+    """Activations between pipeline stages and to experts: `h_model` words per token, p2p."""
     pp_freq = pp_frequencies(L, v, PP)
     ep_bw, ep_lat = ep_frequencies(EP)
     bw_sum, lat_sum = 0.0, 0.0
@@ -95,8 +96,8 @@ def ppep_comm(d: int, L: int, B: int, v: int, PP: tuple[int, ...], EP: tuple[int
             level = max(pl, el)
             if level < 0:
                 continue
-            bw, _ = p2p(d, 2 * (L - 1) * pf * ep_bw[el], B, levels[level], N, by)
-            _, lat = p2p(d, 2 * (L - 1) * pf * ep_lat[el], B, levels[level], N, by)
+            bw, _ = p2p(h_model, 2 * (L - 1) * pf * ep_bw[el], B, levels[level], N, by)
+            _, lat = p2p(h_model, 2 * (L - 1) * pf * ep_lat[el], B, levels[level], N, by)
             bw_sum += bw
             lat_sum += lat
     return bw_sum, lat_sum

@@ -46,6 +46,15 @@ class Model:
     def active_params(self) -> int:
         return self.P // self.s
 
+    # The course's names for the paper's d and f (docs/cost_model.md, notation).
+    @property
+    def h_model(self) -> int:
+        return self.d
+
+    @property
+    def h_ff(self) -> int:
+        return self.f
+
 
 def sparsity(d: int, f: int, sparse: bool) -> int:
     return snap(8 * math.sqrt(d * f / (4 * 12288**2))) if sparse else 1
