@@ -62,3 +62,20 @@ def test_exercises_accept_the_answer_and_explain_the_usual_mistakes():
     assert "forward alone" in grade_ring_bytes(3 * 2 * 8 * 2048 * 128 * 4 / 1e6).why
     assert grade_ring_idle(1 - 8 / 15).right
     assert not grade_ring_idle(0.875).right
+
+
+def test_hop_and_block_seconds_on_a_gpu():
+    # 2 · 1 · 1 · 1000 · 100 numbers of 2 B over 1e9 B/s, plus 1 µs
+    assert context.hop_seconds(1000, 1, 1, 100, 1e9, 1e-6) == pytest.approx(4e-4 + 1e-6)
+    assert context.block_flops(10, 1, 1, 8) == 4 * 100 * 8
+    assert context.block_seconds(10, 1, 1, 8, 1e6, 0.5) == pytest.approx(3200 / 5e5)
+
+
+def test_hop_is_shorter_than_the_block_from_the_crossover_on():
+    args = dict(batch=1, heads=32, head_dim=128)
+    n = context.hop_shorter_from(450e9, 1e-6, 989e12, 0.5, **args)
+    hop = lambda m: context.hop_seconds(m, link_Bps=450e9, latency_s=1e-6, **args)  # noqa: E731
+    block = lambda m: context.block_seconds(m, peak_flops=989e12, efficiency=0.5, **args)  # noqa: E731
+    assert hop(n) < block(n) and hop(n - 1) >= block(n - 1)
+    # without latency the crossover is B · F' / (2 W), whatever the shapes
+    assert context.hop_shorter_from(450e9, 0.0, 989e12, 0.5) == pytest.approx(2 * 989e12 * 0.5 / 900e9, abs=1)

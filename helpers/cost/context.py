@@ -59,9 +59,10 @@ def ring_bytes(c: int, batch: int, heads: int, seq: int, head_dim: int,
                bytes_per_element: int = 4) -> int:
     """Bytes one rank sends in one ring-attention step, forward + backward.
 
-    A K/V block is 2 · b · heads · (s/c) · d numbers. Forward: c − 1 hops of it (the last block
-    need not go on). Backward: c − 1 hops of K/V again, and c hops of its gradient dK/dV, the
-    same size (the accumulated gradient comes home to the block's owner in the last hop).
+    A K/V block is 2 · b · heads · (s/c) · d_head numbers (d_head: the head dimension).
+    Forward: c − 1 hops of it (the last block need not go on). Backward: c − 1 hops of K/V
+    again, and c hops of its gradient dK/dV, the same size (the accumulated gradient comes
+    home to the block's owner in the last hop).
     """
     check_int("c", c)
     check_divisible("seq", seq, c, f"each of the c={c} ranks keeps seq/c tokens")
@@ -130,3 +131,43 @@ def formula_bytes(c: int, config) -> int:
     return ring_bytes(c, config.batch, config.heads, config.seq, config.head_dim)
 
 
+# ----------------------------------------------------------------------------------------
+# One ring step on a GPU: the same arithmetic, other hardware numbers.
+# ----------------------------------------------------------------------------------------
+
+def hop_seconds(n: int, batch: int, heads: int, head_dim: int, link_Bps: float,
+                latency_s: float, bytes_per_element: int = 2) -> float:
+    """One K/V hop of a rank's n tokens: 2 · b · heads · n · d_head numbers over a link of
+    `link_Bps` in one direction, plus its latency."""
+    check_int("n", n)
+    return 2 * batch * heads * n * head_dim * bytes_per_element / link_Bps + latency_s
+
+
+def block_flops(n: int, batch: int, heads: int, head_dim: int) -> int:
+    """Forward FLOPs of one full (n × n) attention block: q kᵀ and p v, 2 · n² · d_head each."""
+    return 4 * batch * heads * n * n * head_dim
+
+
+def block_seconds(n: int, batch: int, heads: int, head_dim: int, peak_flops: float,
+                  efficiency: float) -> float:
+    """One full block's forward attention at `efficiency` of `peak_flops`."""
+    return block_flops(n, batch, heads, head_dim) / (peak_flops * efficiency)
+
+
+def hop_shorter_from(link_Bps: float, latency_s: float, peak_flops: float, efficiency: float,
+                     bytes_per_element: int = 2, batch: int = 1, heads: int = 1,
+                     head_dim: int = 128) -> int:
+    """The fewest tokens per rank n for which the hop is shorter than the block.
+
+    hop < block ⇔ 4·b·H·d·n²/F' − 2·b·H·d·B·n/W − α > 0 (F' the sustained FLOP/s, W the link,
+    B bytes per number, α the latency): the larger root of the quadratic, rounded up. Without
+    α it is n* = B·F'/(2·W), whatever b, heads and d_head are.
+    """
+    a = 4 * batch * heads * head_dim / (peak_flops * efficiency)
+    b = 2 * batch * heads * head_dim * bytes_per_element / link_Bps
+    root = (b + (b * b + 4 * a * latency_s) ** 0.5) / (2 * a)
+    n = max(1, int(root))
+    while hop_seconds(n, batch, heads, head_dim, link_Bps, latency_s, bytes_per_element) \
+            >= block_seconds(n, batch, heads, head_dim, peak_flops, efficiency):
+        n += 1
+    return n

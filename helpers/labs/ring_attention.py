@@ -26,7 +26,7 @@ from helpers.parallel.trace import Span
 
 
 def make_qkv(config: RingConfig = RING) -> tuple[torch.Tensor, ...]:
-    """q, k, v and an upstream gradient for the output, (b, heads, s, d); the same everywhere."""
+    """q, k, v and an upstream gradient for the output, (b, heads, s, d_head); the same everywhere."""
     generator = torch.Generator().manual_seed(config.seed)
     shape = (config.batch, config.heads, config.seq, config.head_dim)
     return tuple(torch.randn(shape, generator=generator) for _ in range(4))
@@ -34,7 +34,7 @@ def make_qkv(config: RingConfig = RING) -> tuple[torch.Tensor, ...]:
 
 @dataclass(frozen=True)
 class RingStep:
-    out: torch.Tensor            # this rank's outputs (b, heads, s/c, d)
+    out: torch.Tensor            # this rank's outputs (b, heads, s/c, d_head)
     grads: tuple                 # dq, dk, dv of this rank's rows
     sent_bytes: int
     spans: tuple[Span, ...]
@@ -147,18 +147,24 @@ class Overlap:
 
     @property
     def hidden_share(self) -> float:
-        """How much of the hop the overlap hid: (comm + compute − both) / comm, in [0, 1]."""
-        return min(max((self.comm_s + self.compute_s - self.both_s) / self.comm_s, 0.0), 1.0)
+        """How much of the hop the overlap hid: (comm + compute − both) / comm, not clamped:
+        1 when the hop was hidden completely, 0 when overlapping saved nothing, below 0 when
+        the two together took longer than one after the other."""
+        return (self.comm_s + self.compute_s - self.both_s) / self.comm_s
 
 
 def ring_step_parts(rank: int, world_size: int, config: RingConfig = RING, repeat: int = 7,
-                    threads: int | None = 1, group=None) -> Overlap:
-    """Rank function: time a hop, a block's attention and the two overlapped, c = group size."""
+                    threads: int | None = 1, pause_s: float | None = None, group=None) -> Overlap:
+    """Rank function: time a hop, a block's attention and the two overlapped, c = group size.
+    `pause_s`: wait mode, the block sleeps that long instead of computing (the core is free)."""
     c = group_size(group)
     q, k, v, _ = (x.chunk(c, dim=2)[0].contiguous() for x in make_qkv(config))
     kv = torch.stack([k, v])
 
     def compute():
+        if pause_s:
+            time.sleep(pause_s)
+            return None
         s = scores(q, k, False)
         lse = s.logsumexp(-1)
         return torch.exp(s - lse[..., None]) @ v
@@ -182,6 +188,58 @@ def ring_step_parts(rank: int, world_size: int, config: RingConfig = RING, repea
     with intra_op_threads(threads):
         return Overlap(timed(lambda: Shift(kv, 0, group).wait("forward", 0)), timed(compute),
                        timed(both))
+
+
+@dataclass(frozen=True)
+class BlockCosts:
+    """One process, one thread: the attention blocks of a whole sequence at c = 1, forward,
+    median seconds. The naive split computes one s × s block under the causal mask; the
+    zig-zag split three (s/2) × (s/2) blocks (two masked diagonals, one full)."""
+    seq: int
+    planes: int              # b · heads score matrices per block
+    naive_s: float           # the s × s block, masked
+    naive_unmasked_s: float  # the same block without the mask
+    zigzag_s: float          # the three half blocks
+
+    @property
+    def naive_entries(self) -> int:
+        return self.planes * self.seq ** 2
+
+    @property
+    def zigzag_entries(self) -> int:
+        return self.planes * 3 * (self.seq // 2) ** 2
+
+    def ns_per_entry(self, which: str) -> float:
+        seconds = {"naive": self.naive_s, "naive unmasked": self.naive_unmasked_s,
+                   "zigzag": self.zigzag_s}[which]
+        entries = self.zigzag_entries if which == "zigzag" else self.naive_entries
+        return seconds / entries * 1e9
+
+
+def block_costs(config: RingConfig = RING, repeat: int = 7, threads: int | None = 1) -> BlockCosts:
+    """Time c = 1's blocks of both layouts on this process (see `BlockCosts`)."""
+    q, k, v, _ = make_qkv(config)
+    half = config.seq // 2
+    qs, ks, vs = q.split(half, 2), k.split(half, 2), v.split(half, 2)
+
+    def block(q, k, v, diagonal):
+        s = scores(q, k, diagonal)
+        lse = s.logsumexp(-1)
+        return torch.exp(s - lse[..., None]) @ v
+
+    def timed(fn):
+        times = []
+        for _ in range(repeat + 1):
+            start = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - start)
+        return statistics.median(times[1:])
+
+    with intra_op_threads(threads):
+        return BlockCosts(
+            config.seq, config.batch * config.heads, timed(lambda: block(q, k, v, True)), timed(lambda: block(q, k, v, False)),
+            timed(lambda: [block(qs[0], ks[0], vs[0], True), block(qs[1], ks[0], vs[0], False),
+                           block(qs[1], ks[1], vs[1], True)]))
 
 
 @dataclass(frozen=True)
