@@ -131,7 +131,7 @@ def test_lecture_numbers_are_gib_and_a_missing_factor_p():
 
 
 def test_lecture_formulas_beside_nccl_tests_on_one_measurement():
-    ar, rs = cost.lecture_vs_nccl_tests(all_reduce_s=0.01, reduce_scatter_s=0.01, n_bytes=2**24, p=4)
+    ar, rs = cost.lecture_vs_nccl_tests(all_reduce_s=0.01, reduce_scatter_s=0.01, n_bytes=2**24, world_size=4)
     assert ar.busbw_over_lecture == pytest.approx(2**30 / 1e9)
     assert rs.busbw_over_lecture == pytest.approx(4 * 2**30 / 1e9)
 
@@ -216,7 +216,7 @@ def test_result_rows_and_their_table():
     ({"ops": ("all_reduce", "allreduce")}, "op must be one of .*, got 'allreduce'"),
     ({"ops": ()}, "ops must name"),
     ({"ops": ("all_gather",), "sizes": (1000,), "world_sizes": (3,)},
-     r"sizes \(bytes, all_gather at p=3\) must be a multiple of 12"),
+     r"sizes \(bytes, all_gather at N=3\) must be a multiple of 12"),
     ({"ops": ("reduce_scatter",), "sizes": (4096, 4100), "world_sizes": (2,)}, "got 4100"),
     ({"ops": ("all_reduce",), "sizes": (6,)}, "multiple of 4"),
     ({"ops": ("all_reduce",), "sizes": (0,)}, "must be >= 1"),
@@ -297,9 +297,9 @@ def test_the_backend_probe_on_a_gloo_group(ranks):
     ranks.resize(2)
     facts = ranks.run(probe_backend, on_gloo=True)[0]
     assert facts["backend"] == "gloo"
-    assert facts["reduce_scatter (p·2, 3) = (4, 3) -> (2, 3)"] == "works"
-    assert facts["reduce_scatter (2, p·3) = (2, 6) -> (2, 3)"].startswith("fails: ")
-    assert "(4 vs. 2)" in facts["reduce_scatter (2, p·3) = (2, 6) -> (2, 3)"]  # no time, no path
+    assert facts["reduce_scatter (N·2, 3) = (4, 3) -> (2, 3)"] == "works"
+    assert facts["reduce_scatter (2, N·3) = (2, 6) -> (2, 3)"].startswith("fails: ")
+    assert "(4 vs. 2)" in facts["reduce_scatter (2, N·3) = (2, 6) -> (2, 3)"]  # no time, no path
     assert facts["all_reduce_mean"] == "works"
 
 

@@ -148,3 +148,13 @@ def test_node_picture_has_sixteen_gpus_and_the_cited_links():
     assert sum(t.startswith("GPU ") for t in texts) == 16
     assert texts.count("NVSwitch") == 8 and texts.count("NIC") == 16
     assert any("450 GB/s" in t and "50 GB/s" in t for t in texts)
+
+
+def test_cache_sizes_and_a_copy_smaller_than_a_mebibyte():
+    caches = roofline.cache_sizes()
+    assert all(isinstance(level, int) and size > 0 for level, size in caches.items())
+    assert list(caches) == sorted(caches)
+    bandwidth, copy = roofline.measure_copy_bandwidth(megabytes=0.25, repeat=2)
+    assert bandwidth > 0 and str(copy).startswith("copy 256 KiB")
+    with pytest.raises(ValueError, match="megabytes must be > 0"):
+        roofline.measure_copy_bandwidth(megabytes=0)

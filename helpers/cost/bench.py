@@ -12,7 +12,7 @@ fit) and `FlatVsHierarchical` (an all-reduce both ways, timed). Conventions, sta
   The median and spread are printed beside it, so the waiting is shown, not hidden.
 * 1 GB = 1e9 bytes everywhere (nccl-tests does the same). Message sizes are powers of two
   (1 KiB = 1024 B) because buffers are, but every bandwidth is in GB/s.
-* n is the message size in bytes, as `helpers.cost.alpha_beta.COST_MODELS[op].bytes_are` says; p the ranks.
+* n is the message size in bytes, as `helpers.cost.alpha_beta.COST_MODELS[op].bytes_are` says; N the ranks (the world size).
 """
 from __future__ import annotations
 
@@ -59,11 +59,11 @@ LECTURE_BENCHMARK = {"gpu": "H100", "world_size": 4, "num_elements": 100 * 1024*
 
 @dataclass(frozen=True)
 class Timing:
-    """One sweep point as measured: `op` on `world_size` ranks (p) with an n-byte message.
+    """One sweep point as measured: `op` on `world_size` ranks (N) with an n-byte message.
 
     The same on every member of the group; it travels from the ranks to the notebook pickled."""
     op: str                     # the collective, a key of COST_MODELS
-    world_size: int             # p: the group's ranks
+    world_size: int             # N: the group's ranks
     bytes: int                  # n: message size in bytes, as COST_MODELS[op].bytes_are says
     backend: str                # "gloo" or "nccl"
     times_s: tuple[float, ...]  # seconds per call, each the slowest member's, in call order
@@ -74,7 +74,7 @@ class Timing:
 class PointResult:
     """One point measured beside the α–β model: a line of the table and of the benchmark's JSON."""
     op: str
-    world_size: int             # p
+    world_size: int             # N
     bytes: int                  # n, bytes
     time_s: float               # measured: the point's `uncontended_time`, seconds
     algbw_GBps: float           # nccl-tests' algorithm bandwidth at time_s, GB/s (1e9 B)
@@ -85,9 +85,9 @@ class PointResult:
 
 @dataclass(frozen=True)
 class ReduceScatterRatio:
-    """t(reduce_scatter) / t(all_reduce) on one n-byte buffer at world size p (see
+    """t(reduce_scatter) / t(all_reduce) on one n-byte buffer at world size N (see
     `reduce_scatter_ratios`)."""
-    world_size: int             # p
+    world_size: int             # N
     bytes: int                  # n, bytes
     ratio: float                # of the two `uncontended_time`s (a ring's tends to 0.5)
 
@@ -99,7 +99,7 @@ class LectureNumber:
     printed: float              # what the lecture printed as "GB/s" (GiB/s in fact)
     time_s: float               # the time that prints it, seconds
     printed_in_GB: float        # the printed number in GB/s (1e9 B)
-    formula_factor: float       # busbw's bytes over the formula's: 1, or p where it counts the output
+    formula_factor: float       # busbw's bytes over the formula's: 1, or N where it counts the output
     nccl_busbw_GBps: float      # nccl-tests' bus bandwidth at time_s, GB/s
 
 
@@ -130,7 +130,7 @@ def check_ops(ops: Iterable[str]) -> tuple[str, ...]:
 
 
 def size_quantum(op: str, world_size: int) -> int:
-    """Sizes must be a multiple of this: whole fp32 elements, and p equal chunks if the op splits."""
+    """Sizes must be a multiple of this: whole fp32 elements, and N equal chunks if the op splits."""
     return ELEMENT_BYTES * (world_size if ab.model(op).splits else 1)
 
 
@@ -143,13 +143,13 @@ def check_sizes(sizes: Iterable[int], ops: Sequence[str], world_size: int) -> tu
         for op in ops:
             why = (f"{op} cuts it into {world_size} equal chunks of fp32" if ab.model(op).splits
                    else "whole fp32 elements")
-            check_divisible(f"sizes (bytes, {op} at p={world_size})", n,
+            check_divisible(f"sizes (bytes, {op} at N={world_size})", n,
                             size_quantum(op, world_size), why)
     return sizes
 
 
 def snap_size(n: int, op: str, world_size: int) -> int:
-    """The nearest valid size for (op, p): for sweeps that cover world sizes like 3 or 6."""
+    """The nearest valid size for (op, N): for sweeps that cover world sizes like 3 or 6."""
     q = size_quantum(op, world_size)
     return max(q, round(n / q) * q)
 
@@ -202,7 +202,7 @@ def median_time(record: Timing) -> float:
 
 def measurement(record: Timing) -> Measurement:
     """The uniform measurement line of helpers.timing for one sweep point."""
-    what = f"{record.op} p={record.world_size} n={format_binary_bytes(record.bytes)}"
+    what = f"{record.op} N={record.world_size} n={format_binary_bytes(record.bytes)}"
     return Measurement(what, record.times_s)
 
 
@@ -219,29 +219,29 @@ def fit_sweep(records: list[Timing], weighting: str = "relative") -> dict[str, a
 
 
 def fit_per_world_size(records: list[Timing], weighting: str = "relative") -> dict[int, dict[str, ab.Fit]]:
-    """{p: {op: Fit}}: a separate (α, β) at each world size.
+    """{N: {op: Fit}}: a separate (α, β) at each world size N.
 
-    The model says α and β do not depend on p. That holds when every rank has its own
+    The model says α and β do not depend on N. That holds when every rank has its own
     GPU or cores; CPU ranks that outnumber the cores take turns, so each hop also waits
-    for a context switch and α grows with p. Fitting per p shows by how much.
+    for a context switch and α grows with N. Fitting per world size shows by how much.
     """
     sizes = sorted({r.world_size for r in records})
-    return {p: fit_sweep([r for r in records if r.world_size == p], weighting) for p in sizes}
+    return {world: fit_sweep([r for r in records if r.world_size == world], weighting) for world in sizes}
 
 
-def fit_for(fits: dict, op: str, p: int) -> ab.Fit:
-    """`fits` is {op: Fit} (one fit for every p) or {p: {op: Fit}} (fit_per_world_size)."""
-    return fits[p][op] if p in fits else fits[op]
+def fit_for(fits: dict, op: str, world_size: int) -> ab.Fit:
+    """`fits` is {op: Fit} (one fit for every N) or {N: {op: Fit}} (fit_per_world_size)."""
+    return fits[world_size][op] if world_size in fits else fits[op]
 
 
 def result_rows(records: list[Timing], fits: dict) -> list[PointResult]:
     """The benchmark's per-point results: measured, nccl-tests bandwidths, predicted, error."""
     rows = []
     for r in records:
-        t, p, n = uncontended_time(r), r.world_size, r.bytes
-        predicted = fit_for(fits, r.op, p).predict(p, n)
-        rows.append(PointResult(r.op, p, n, t, algbw_GBps=ab.algbw_GBps(n, t),
-                                busbw_GBps=ab.busbw_GBps(r.op, p, n, t), predicted_s=predicted,
+        t, world, n = uncontended_time(r), r.world_size, r.bytes
+        predicted = fit_for(fits, r.op, world).predict(world, n)
+        rows.append(PointResult(r.op, world, n, t, algbw_GBps=ab.algbw_GBps(n, t),
+                                busbw_GBps=ab.busbw_GBps(r.op, world, n, t), predicted_s=predicted,
                                 rel_error=ab.relative_error(predicted, t)))
     return rows
 
@@ -254,7 +254,7 @@ def format_table(rows: list[PointResult], labels: dict[str, str] | None = None) 
     """Predicted vs measured, one line per point (GB = 1e9 B)."""
     labels = labels or {}
     w = max([9] + [len(labels.get(row.op, row.op)) for row in rows]) + 2
-    head = (f"{'operation':<{w}}{'p':>3}{'n':>11}{'measured':>11}{'predicted':>11}{'error':>7}"
+    head = (f"{'operation':<{w}}{'N':>3}{'n':>11}{'measured':>11}{'predicted':>11}{'error':>7}"
             f"{'algbw GB/s':>12}{'busbw GB/s':>12}")
     lines = [head, "-" * len(head)]
     for row in rows:
@@ -284,15 +284,15 @@ def fit_lines(fits: dict[str, ab.Fit], labels: dict[str, str] | None = None) -> 
 def reduce_scatter_ratios(records: list[Timing]) -> list[ReduceScatterRatio]:
     """t(reduce_scatter) / t(all_reduce) on the same n-byte buffer and world size.
 
-    A ring reduce-scatter moves (p−1)/p·n per rank, an all-reduce twice that, so the ratio
+    A ring reduce-scatter moves (N−1)/N·n per rank, an all-reduce twice that, so the ratio
     tends to 0.5 for large messages. gloo builds reduce_scatter_tensor from an all-reduce,
     which puts it at 1 or above.
     """
     times = {(r.op, r.world_size, r.bytes): uncontended_time(r) for r in records}
     out = []
-    for (op, p, n), t in sorted(times.items(), key=lambda kv: (kv[0][1], kv[0][2])):
-        if op == "reduce_scatter" and ("all_reduce", p, n) in times:
-            out.append(ReduceScatterRatio(p, n, t / times["all_reduce", p, n]))
+    for (op, world, n), t in sorted(times.items(), key=lambda kv: (kv[0][1], kv[0][2])):
+        if op == "reduce_scatter" and ("all_reduce", world, n) in times:
+            out.append(ReduceScatterRatio(world, n, t / times["all_reduce", world, n]))
     return out
 
 
@@ -317,26 +317,26 @@ def op_labels(records: list[Timing]) -> dict[str, str]:
 # The lecture's formulas beside nccl-tests', on the same measurements.
 # ----------------------------------------------------------------------------------------
 
-def lecture_all_reduce_bw(size_bytes: float, p: int, seconds: float) -> float:
-    """lecture_08.py: size·2(p−1) bytes "sent", over p·duration, divided by 1024³ (GiB/s)."""
-    return size_bytes * 2 * (p - 1) / (p * seconds) / GiB
+def lecture_all_reduce_bw(size_bytes: float, world_size: int, seconds: float) -> float:
+    """lecture_08.py: size·2(N−1) bytes "sent", over N·duration, divided by 1024³ (GiB/s)."""
+    return size_bytes * 2 * (world_size - 1) / (world_size * seconds) / GiB
 
 
-def lecture_reduce_scatter_bw(output_bytes: float, p: int, seconds: float) -> float:
-    """lecture_08.py, the revision consistent with the printed ≈70: the OUTPUT's bytes·(p−1) over p·duration, /1024³."""
-    return output_bytes * (p - 1) / (p * seconds) / GiB
+def lecture_reduce_scatter_bw(output_bytes: float, world_size: int, seconds: float) -> float:
+    """lecture_08.py, the revision consistent with the printed ≈70: the OUTPUT's bytes·(N−1) over N·duration, /1024³."""
+    return output_bytes * (world_size - 1) / (world_size * seconds) / GiB
 
 
 def lecture_vs_nccl_tests(all_reduce_s: float, reduce_scatter_s: float, n_bytes: float,
-                          p: int) -> list[LectureVsBusbw]:
+                          world_size: int) -> list[LectureVsBusbw]:
     """Both conventions on one all-reduce of n bytes and one reduce-scatter of n input bytes."""
-    out_bytes = n_bytes / p
+    out_bytes = n_bytes / world_size
     rows = []
     for op, t, lecture in (
-        ("all_reduce", all_reduce_s, lecture_all_reduce_bw(n_bytes, p, all_reduce_s)),
-        ("reduce_scatter", reduce_scatter_s, lecture_reduce_scatter_bw(out_bytes, p, reduce_scatter_s)),
+        ("all_reduce", all_reduce_s, lecture_all_reduce_bw(n_bytes, world_size, all_reduce_s)),
+        ("reduce_scatter", reduce_scatter_s, lecture_reduce_scatter_bw(out_bytes, world_size, reduce_scatter_s)),
     ):
-        busbw = ab.busbw_GBps(op, p, n_bytes, t)
+        busbw = ab.busbw_GBps(op, world_size, n_bytes, t)
         rows.append(LectureVsBusbw(op, t, lecture_printed=lecture, lecture_in_GB=lecture * GiB / GB,
                                    nccl_busbw_GBps=busbw, busbw_over_lecture=busbw / lecture))
     return rows
@@ -348,20 +348,20 @@ def explain_lecture_numbers(lecture: dict = LECTURE_BENCHMARK) -> list[LectureNu
 
     Each formula is bytes / t, so the time it printed `printed` at is its value at t = 1 s over
     `printed`."""
-    p, n = lecture["world_size"], lecture["num_elements"] * lecture["element_bytes"]
+    world, n = lecture["world_size"], lecture["num_elements"] * lecture["element_bytes"]
     rows = []
-    # all-reduce of n bytes on each rank: the formula counts n·2(p−1)/p
+    # all-reduce of n bytes on each rank: the formula counts n·2(N−1)/N
     printed = lecture["all_reduce_printed"]
-    t = lecture_all_reduce_bw(n, p, 1.0) / printed
+    t = lecture_all_reduce_bw(n, world, 1.0) / printed
     rows.append(LectureNumber("all_reduce", printed, t, printed_in_GB=printed * GiB / GB,
                               formula_factor=1.0,
-                              nccl_busbw_GBps=ab.busbw_GBps("all_reduce", p, n, t)))
-    # reduce-scatter: input p×n on each rank, output n; the formula counts the output, n·(p−1)/p
+                              nccl_busbw_GBps=ab.busbw_GBps("all_reduce", world, n, t)))
+    # reduce-scatter: input N×n on each rank, output n; the formula counts the output, n·(N−1)/N
     printed = lecture["reduce_scatter_printed"]
-    t = lecture_reduce_scatter_bw(n, p, 1.0) / printed
+    t = lecture_reduce_scatter_bw(n, world, 1.0) / printed
     rows.append(LectureNumber("reduce_scatter", printed, t, printed_in_GB=printed * GiB / GB,
-                              formula_factor=float(p),
-                              nccl_busbw_GBps=ab.busbw_GBps("reduce_scatter", p, p * n, t)))
+                              formula_factor=float(world),
+                              nccl_busbw_GBps=ab.busbw_GBps("reduce_scatter", world, world * n, t)))
     return rows
 
 
@@ -378,7 +378,7 @@ class LevelFit:
     """One operation's α–β fit on one network level, with how well it predicts its sweep."""
     level: str                  # INSIDE or ACROSS
     op: str
-    world_size: int             # p: the group's ranks (the ranks per node inside, the nodes across)
+    world_size: int             # N: the group's ranks (the ranks per node inside, the nodes across)
     alpha_s: float
     beta_s_per_byte: float
     median_rel_error: float     # over the level's sizes, a fraction

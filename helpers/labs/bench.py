@@ -2,7 +2,7 @@
 
 Rank functions (`time_collective`, `scheduler_waits`) run on live ranks
 (`helpers.ranks.LiveRanks`) or under torchrun; the sweeps (`run_sweep`, and `run_small_sweep`
-behind the widget) call them on live ranks, one call of the ranks per (p, op). The timing
+behind the widget) call them on live ranks, one call of the ranks per (N, op). The timing
 itself is `helpers.parallel.bench`; the sizes, the estimator, the fit and the tables are
 `helpers.cost.bench`; the figure and the widget are `helpers.views.bench`.
 
@@ -34,7 +34,7 @@ from helpers.parallel.bench import back_to_back, collective_call, time_on_group
 def time_collective(rank: int, world_size: int, op: str, sizes, iters: int = 20,
                     warmup: int = 5, rounds: int = 1, group=None) -> list[Timing]:
     """Rank function: time `op` at each message size (bytes; one int or several); one Timing
-    per size, the same on every member of the group (its `world_size` is the group's size p)."""
+    per size, the same on every member of the group (its `world_size` is the group's size N)."""
     return time_on_group(op, sizes, iters, warmup, rounds, group)
 
 
@@ -100,10 +100,10 @@ def scheduler_waits(rank: int, world_size: int, nbytes: int = KiB, iters: int = 
 # ----------------------------------------------------------------------------------------
 
 def plan_sweep(ops, sizes, world_sizes, snap: bool = False) -> list[tuple[int, str, int]]:
-    """(p, op, n) points to measure, checked before any process starts (world sizes against
+    """(N, op, n) points to measure, checked before any process starts (world sizes against
     the ranks this machine can hold).
 
-    With snap=True each size moves to the nearest multiple the (op, p) pair allows
+    With snap=True each size moves to the nearest multiple the (op, N) pair allows
     (world size 3 cannot cut 1 KiB into three fp32 chunks); otherwise a bad size is an error.
     """
     from helpers.ranks import check_world_size
@@ -112,38 +112,38 @@ def plan_sweep(ops, sizes, world_sizes, snap: bool = False) -> list[tuple[int, s
     if not world_sizes:
         raise ValueError("world_sizes must list at least one world size >= 2")
     plan = []
-    for p in world_sizes:
-        check_world_size(p)
-        check_int("world_sizes (a collective needs at least 2 ranks)", p, 2)
+    for world in world_sizes:
+        check_world_size(world)
+        check_int("world_sizes (a collective needs at least 2 ranks)", world, 2)
         for op in ops:
             if snap:
-                points = sorted({snap_size(n, op, p) for n in check_sizes(sizes, (), p)})
+                points = sorted({snap_size(n, op, world) for n in check_sizes(sizes, (), world)})
             else:
-                points = check_sizes(sizes, (op,), p)
-            plan.extend((p, op, n) for n in points)
+                points = check_sizes(sizes, (op,), world)
+            plan.extend((world, op, n) for n in points)
     return plan
 
 
 def run_sweep(ranks, ops=DEFAULT_OPS, sizes=DEFAULT_SIZES, world_sizes=(2,), iters: int = 20,
               warmup: int = 5, rounds: int = 5, snap: bool = False,
               progress: bool = True) -> list[Timing]:
-    """Measure every (p, op, n) on the live ranks; one Timing per point (see time_collective).
+    """Measure every (N, op, n) on the live ranks; one Timing per point (see time_collective).
 
-    One call of the ranks per (p, op) times all its sizes, interleaved over `rounds` rounds."""
+    One call of the ranks per (N, op) times all its sizes, interleaved over `rounds` rounds."""
     plan = plan_sweep(ops, sizes, world_sizes, snap)
     check_int("iters", iters, 1)
     check_int("warmup", warmup, 0)
     check_int("rounds", rounds, 1)
     batches: dict[tuple[int, str], list[int]] = {}
-    for p, op, n in plan:
-        batches.setdefault((p, op), []).append(n)
+    for world, op, n in plan:
+        batches.setdefault((world, op), []).append(n)
     records = []
     bar = progress_bar(len(plan), progress)
     try:
-        for (p, op), points in batches.items():
-            if ranks.world_size != p:
-                ranks.resize(p)
-            bar.set_description(f"p={p} {op}")
+        for (world, op), points in batches.items():
+            if ranks.world_size != world:
+                ranks.resize(world)
+            bar.set_description(f"N={world} {op}")
             records += ranks.run(time_collective, op, points, iters=iters, warmup=warmup,
                                  rounds=rounds)[0]
             bar.update(len(points))
