@@ -1,17 +1,17 @@
 """The latency–bandwidth (α–β) model of a collective, and how to fit it to measurements.
 
-A collective on p ranks moving an n-byte message takes
+A collective on N ranks moving an n-byte message takes
 
-    t(n, p) = a(p) · α + b(p) · n · β
+    t(n, N) = a(N) · α + b(N) · n · β
 
 α is the cost of one message (latency, seconds), β the cost of one byte on the busiest link
-(seconds per byte), and a(p), b(p) count how many of each the algorithm pays. For the ring
-algorithms NCCL uses, b(p) is exactly the nccl-tests "bus bandwidth" factor, so 1/β is the
+(seconds per byte), and a(N), b(N) count how many of each the algorithm pays. For the ring
+algorithms NCCL uses, b(N) is exactly the nccl-tests "bus bandwidth" factor, so 1/β is the
 bus bandwidth a large message approaches. Ring all-reduce, for instance, is a reduce-scatter
-then an all-gather: 2(p−1) steps, each moving n/p bytes: `2(p−1)α + 2(p−1)/p · n·β`.
+then an all-gather: 2(N−1) steps, each moving n/N bytes: `2(N−1)α + 2(N−1)/N · n·β`.
 
-Notation: p is the number of ranks (nccl-tests writes n for it), n the message size in bytes
-as defined per operation in `COST_MODELS`. Nothing here imports torch: the model is pure arithmetic.
+Notation: N is the number of ranks (nccl-tests writes n for it; p is pipeline stages), n the
+message size in bytes as defined per operation in `COST_MODELS`. Nothing here imports torch: the model is pure arithmetic.
 
 Also here: ranks on nodes, two network levels (the section at the end): which ranks share a node,
 the bytes a flat ring and a hierarchical all-reduce send over each node's uplink, and both
@@ -37,30 +37,30 @@ from helpers.units import GB
 
 @dataclass(frozen=True)
 class CollectiveModel:
-    """α and β coefficients of one operation's algorithm, as functions of the world size p."""
+    """α and β coefficients of one operation's algorithm, as functions of the world size N."""
 
     name: str
-    latency_steps: Callable[[int], float]   # a(p): how many α
-    bus_factor: Callable[[int], float]      # b(p): how many n·β; also nccl-tests' busbw factor
-    splits: bool                            # the n-byte buffer is cut into p equal chunks
+    latency_steps: Callable[[int], float]   # a(N): how many α
+    bus_factor: Callable[[int], float]      # b(N): how many n·β; also nccl-tests' busbw factor
+    splits: bool                            # the n-byte buffer is cut into N equal chunks
     bytes_are: str                          # what n counts, in words
     algorithm: str                          # the algorithm whose coefficients these are
 
 
 COST_MODELS: dict[str, CollectiveModel] = {m.name: m for m in (
-    CollectiveModel("all_reduce", lambda p: 2 * (p - 1), lambda p: 2 * (p - 1) / p, False,
+    CollectiveModel("all_reduce", lambda N: 2 * (N - 1), lambda N: 2 * (N - 1) / N, False,
                     "the buffer on each rank", "ring: reduce-scatter then all-gather"),
-    CollectiveModel("all_gather", lambda p: p - 1, lambda p: (p - 1) / p, True,
-                    "the gathered output (p chunks)", "ring"),
-    CollectiveModel("reduce_scatter", lambda p: p - 1, lambda p: (p - 1) / p, True,
-                    "the input on each rank (p chunks)", "ring"),
-    CollectiveModel("broadcast", lambda p: p - 1, lambda p: 1.0, False,
+    CollectiveModel("all_gather", lambda N: N - 1, lambda N: (N - 1) / N, True,
+                    "the gathered output (N chunks)", "ring"),
+    CollectiveModel("reduce_scatter", lambda N: N - 1, lambda N: (N - 1) / N, True,
+                    "the input on each rank (N chunks)", "ring"),
+    CollectiveModel("broadcast", lambda N: N - 1, lambda N: 1.0, False,
                     "the buffer", "pipelined chain"),
-    CollectiveModel("reduce", lambda p: p - 1, lambda p: 1.0, False,
+    CollectiveModel("reduce", lambda N: N - 1, lambda N: 1.0, False,
                     "the buffer", "pipelined chain"),
-    CollectiveModel("all_to_all", lambda p: p - 1, lambda p: (p - 1) / p, True,
-                    "the send buffer on each rank (p chunks)", "pairwise exchange"),
-    CollectiveModel("send_recv", lambda p: 1, lambda p: 1.0, False,
+    CollectiveModel("all_to_all", lambda N: N - 1, lambda N: (N - 1) / N, True,
+                    "the send buffer on each rank (N chunks)", "pairwise exchange"),
+    CollectiveModel("send_recv", lambda N: 1, lambda N: 1.0, False,
                     "what each rank sends to its neighbour", "one point-to-point hop"),
 )}
 
@@ -69,16 +69,16 @@ def model(op: str) -> CollectiveModel:
     return COST_MODELS[check_choice("op", op, sorted(COST_MODELS))]
 
 
-def coefficients(op: str, p: int) -> tuple[float, float]:
-    """(a(p), b(p)): the number of α and of n·β the algorithm pays on p ranks."""
+def coefficients(op: str, N: int) -> tuple[float, float]:
+    """(a(N), b(N)): the number of α and of n·β the algorithm pays on N ranks."""
     m = model(op)
-    check_int("world size p (a collective needs 2 ranks)", p, 2)
-    return float(m.latency_steps(p)), float(m.bus_factor(p))
+    check_int("world size N (a collective needs 2 ranks)", N, 2)
+    return float(m.latency_steps(N)), float(m.bus_factor(N))
 
 
-def busbw_factor(op: str, p: int) -> float:
+def busbw_factor(op: str, N: int) -> float:
     """nccl-tests: busbw = algbw × this factor, so that every op reports the link's speed."""
-    return coefficients(op, p)[1]
+    return coefficients(op, N)[1]
 
 
 def algbw_GBps(nbytes: float, seconds: float) -> float:
@@ -86,13 +86,13 @@ def algbw_GBps(nbytes: float, seconds: float) -> float:
     return nbytes / seconds / GB
 
 
-def busbw_GBps(op: str, p: int, nbytes: float, seconds: float) -> float:
+def busbw_GBps(op: str, N: int, nbytes: float, seconds: float) -> float:
     """Bus bandwidth (nccl-tests): algbw × factor, in GB/s (1 GB = 1e9 B)."""
-    return algbw_GBps(nbytes, seconds) * busbw_factor(op, p)
+    return algbw_GBps(nbytes, seconds) * busbw_factor(op, N)
 
 
-def predict(op: str, p: int, nbytes: float, alpha_s: float, beta_s_per_byte: float) -> float:
-    a, b = coefficients(op, p)
+def predict(op: str, N: int, nbytes: float, alpha_s: float, beta_s_per_byte: float) -> float:
+    a, b = coefficients(op, N)
     return a * alpha_s + b * nbytes * beta_s_per_byte
 
 
@@ -107,8 +107,8 @@ class Fit:
         """1/β: the bus bandwidth a very large message approaches."""
         return 1 / self.beta_s_per_byte / GB if self.beta_s_per_byte > 0 else float("inf")
 
-    def predict(self, p: int, nbytes: float) -> float:
-        return predict(self.op, p, nbytes, self.alpha_s, self.beta_s_per_byte)
+    def predict(self, N: int, nbytes: float) -> float:
+        return predict(self.op, N, nbytes, self.alpha_s, self.beta_s_per_byte)
 
     def as_dict(self) -> dict:
         return {"alpha_s": self.alpha_s, "beta_s_per_byte": self.beta_s_per_byte}
@@ -116,18 +116,18 @@ class Fit:
 
 def fit_alpha_beta(op: str, points: Iterable[tuple[int, float, float]],
                    weighting: str = "relative") -> Fit:
-    """Least-squares α, β ≥ 0 from measured (p, n_bytes, seconds) points of one operation.
+    """Least-squares α, β ≥ 0 from measured (N, n_bytes, seconds) points of one operation.
 
-    Each point gives one equation a(p)·α + b(p)·n·β = t. Sizes span decades, so plain
+    Each point gives one equation a(N)·α + b(N)·n·β = t. Sizes span decades, so plain
     least squares ("absolute") would fit only the largest messages and predict small ones
     with large relative errors. "relative" divides each equation by its t, minimising the
     relative error instead: every size counts the same.
     """
     check_choice("weighting", weighting, ("relative", "absolute"))
     rows, times = [], []
-    for p, nbytes, seconds in points:
+    for N, nbytes, seconds in points:
         check_number("measured time", seconds, 0, low_inclusive=False, unit="s")
-        a, b = coefficients(op, p)
+        a, b = coefficients(op, N)
         rows.append((a, b * nbytes))
         times.append(seconds)
     if len(rows) < 2:

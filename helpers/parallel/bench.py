@@ -82,7 +82,7 @@ def back_to_back(call, count: int, cuda: bool) -> list[float]:
 def time_on_group(op: str, sizes, iters: int = 20, warmup: int = 5, rounds: int = 1,
                   group=None) -> list[Timing]:
     """Time `op` at each message size (bytes; one int or several) on `group`; one Timing per
-    size, the same on every member of the group (its `world_size` is the group's size p)."""
+    size, the same on every member of the group (its `world_size` is the group's size N)."""
     import torch
     import torch.distributed as dist
 
