@@ -408,3 +408,15 @@ def test_within_runs_on_the_first_p_ranks_and_restarts_none(ranks):
         verify_event_log(run.events, p, 4, run.v)
         assert run.p == p and run.mode == "wait" and 0 < run.bubble_measured < 1
     assert ranks.pids == pids and ranks.world_size == 4
+
+
+def test_latency_and_message_gaps_of_a_simulated_run():
+    plain = pp_lab.simulated_run("interleaved", p=4, m=8, v=2, t_f=1.0)
+    slow = pp_lab.simulated_run("interleaved", p=4, m=8, v=2, t_f=1.0, latency=0.1)
+    assert slow.bubble_measured > plain.bubble_measured
+    assert pp_lab.simulated_run("1f1b", 2, 4, latency=0.0).bubble_measured == pytest.approx(0.2)
+    gaps = pp_lab.message_gaps(slow)  # every wait for another rank's output lasts the latency
+    assert gaps and all(g == pytest.approx(0.1) for g in gaps)
+    assert all(g == pytest.approx(0.0) for g in pp_lab.message_gaps(plain))
+    with pytest.raises(ValueError):
+        pp_lab.simulated_run("1f1b", 2, 4, latency=-1.0)

@@ -85,15 +85,16 @@ def reference(config: MLPConfig = LECTURE) -> Reference:
 # ------------------------------------------------------------------------------------------
 
 def lecture_forward(rank, world_size, m, config: MLPConfig = LECTURE, group=None):
-    """Stage s = group_rank(group) of p = group_size(group) owns layers [s·L/p, (s+1)·L/p).
+    """Stage `stage` = group_rank(group) of p = group_size(group) owns layers
+    [stage·L/p, (stage+1)·L/p).
     Stage 0 cuts the batch into m micro-batches; each later stage receives a micro-batch
     from the stage before, runs its layers and passes it on. The last stage returns the
     whole output; the others return None."""
     device = rank_device()
-    s, p = group_rank(group), group_size(group)
-    mine = stage_range(s, p, config)
+    stage, p = group_rank(group), group_size(group)
+    mine = stage_range(stage, p, config)
     layers = mlp_layers(make_mlp(config), mine.start, mine.stop).to(device)
-    if s == 0:
+    if stage == 0:
         micro_batches = make_batch(config).to(device).chunk(m)
     else:  # room for what the previous stage will send
         micro_batches = [torch.empty(config.batch // m, config.hidden, device=device)
@@ -101,11 +102,11 @@ def lecture_forward(rank, world_size, m, config: MLPConfig = LECTURE, group=None
     outputs = []
     with torch.no_grad():  # forward only
         for x in micro_batches:
-            if s > 0:  # blocks until the activations arrive
-                dist.recv(x, src=global_rank(group, s - 1), group=group)
+            if stage > 0:  # blocks until the activations arrive
+                dist.recv(x, src=global_rank(group, stage - 1), group=group)
             x = layers(x)
-            if s + 1 < p:  # blocks until the next stage has them
-                dist.send(x.contiguous(), dst=global_rank(group, s + 1), group=group)
+            if stage + 1 < p:  # blocks until the next stage has them
+                dist.send(x.contiguous(), dst=global_rank(group, stage + 1), group=group)
             else:
                 outputs.append(x)
     return torch.cat(outputs) if outputs else None
@@ -216,14 +217,14 @@ def pipeline_rank(rank, world_size, schedule: str, m: int, v: int, mode: str, t_
         if i + 1 < len(plan):
             mail.post(plan[i + 1])  # the next input travels while this action runs
         received = mail.take(a)
-        s = stage_of(a, me, p, layout)
+        stage = stage_of(a, me, p, layout)
         key = (a.chunk, a.mb)
         start = time.perf_counter()
         if a.kind == "F":
             if compute:
-                inp = None if s == 0 else received.requires_grad_()
-                tape = record_forward(chunks[a.chunk], inp, xs[a.mb] if s == 0 else inp)
-                if s == last:
+                inp = None if stage == 0 else received.requires_grad_()
+                tape = record_forward(chunks[a.chunk], inp, xs[a.mb] if stage == 0 else inp)
+                if stage == last:
                     tape = tape._replace(out=mlp_loss(tape.out, numel=numel))
                     losses.append(tape.out.item())
                 out = tape.out
@@ -233,23 +234,23 @@ def pipeline_rank(rank, world_size, schedule: str, m: int, v: int, mode: str, t_
             saved[key] = tape
             peak = max(peak, len(saved))
             end = time.perf_counter()
-            if s < last:
-                mail.send(out.detach(), s + 1, "F", a.mb)
+            if stage < last:
+                mail.send(out.detach(), stage + 1, "F", a.mb)
         elif a.kind == "B":
             grad_in = placeholder if not compute else None
             if compute and key in split:  # B now, W later: the weights' work stays in `saved`
-                grad_in, saved[key] = backward_input(saved[key], None if s == last else received)
+                grad_in, saved[key] = backward_input(saved[key], None if stage == last else received)
             elif compute:
                 tape = saved.pop(key)
-                tape.out.backward(None if s == last else received)  # weight grads accumulate
+                tape.out.backward(None if stage == last else received)  # weight grads accumulate
                 grad_in = tape.inp.grad if tape.inp is not None else None
             else:
                 wait(seconds[i])
                 if key not in split:
                     saved.pop(key)
             end = time.perf_counter()
-            if s > 0:
-                mail.send(grad_in, s - 1, "B", a.mb)
+            if stage > 0:
+                mail.send(grad_in, stage - 1, "B", a.mb)
         else:  # W: the weights' gradients of a B that ran earlier; nobody waits for them
             work = saved.pop(key)
             if compute:
@@ -402,10 +403,14 @@ def run_pipeline(ranks, schedule: str = "1f1b", p: int = 2, m: int = 4, *,
 
 def simulated_run(schedule: str = "1f1b", p: int = 2, m: int = 4, v: int | None = None,
                   t_f: float = T_F, t_b: float | None = None,
-                  t_w: float | None = None) -> PipelineRun:
-    """The same record as `run_pipeline(mode="wait")`, computed instead of measured."""
+                  t_w: float | None = None, latency: float = 0.0) -> PipelineRun:
+    """The same record as `run_pipeline(mode="wait")`, computed instead of measured.
+    `latency`: seconds every action waits after the output it consumes is produced (a
+    message's cost; `simulate` charges it to every dependency)."""
     v = check_schedule_args(p, m, schedule, v)
-    events = simulate(schedule, p, m, t_f, 2 * t_f if t_b is None else t_b, v, t_w=t_w)
+    check_number("latency", latency, 0, unit="seconds")
+    events = simulate(schedule, p, m, t_f, 2 * t_f if t_b is None else t_b, v,
+                      latency=latency, t_w=t_w)
     return PipelineRun(schedule, p, m, v, "simulated", events,
                        [peak_live(make_plan(schedule, p, m, r, v)) for r in range(p)])
 
@@ -429,6 +434,23 @@ def replayed(run: PipelineRun) -> PipelineRun:
                 done[Step(r, e.action)] = free[r] = start + e.duration
                 queue.pop(0)
     return PipelineRun(run.schedule, run.p, run.m, run.v, "replayed", events, run.peak_live)
+
+
+def message_gaps(run: PipelineRun) -> list[float]:
+    """For every action that waited for another rank's output (its rank was free before that
+    output existed): seconds from the end of the action producing it to this action's start,
+    the message's time plus any delay in waking up. The replay (`replayed`) counts 0 there."""
+    ends = {Step(e.rank, e.action): e.end for e in run.events}
+    gaps = []
+    for r in range(run.p):
+        previous_end = None
+        for e in sorted((e for e in run.events if e.rank == r), key=lambda e: e.start):
+            dep = dependency(e.action, r, run.p, run.v, run.layout)
+            if dep is not None and dep.rank != r and (previous_end is None
+                                                      or previous_end < ends[dep]):
+                gaps.append(e.start - ends[dep])
+            previous_end = e.end
+    return gaps
 
 
 def gradient_error(run: PipelineRun, ref: Reference) -> float:
