@@ -11,7 +11,8 @@ bus bandwidth a large message approaches. Ring all-reduce, for instance, is a re
 then an all-gather: 2(N−1) steps, each moving n/N bytes: `2(N−1)α + 2(N−1)/N · n·β`.
 
 Notation: N is the number of ranks (nccl-tests writes n for it; p is pipeline stages), n the
-message size in bytes as defined per operation in `COST_MODELS`. Nothing here imports torch: the model is pure arithmetic.
+message size in bytes as defined per operation in `COST_MODELS`. Nothing here imports torch:
+the model is pure arithmetic.
 
 Also here: ranks on nodes, two network levels (the section at the end): which ranks share a node,
 the bytes a flat ring and a hierarchical all-reduce send over each node's uplink, and both
