@@ -389,3 +389,17 @@ def test_nccl_ranks_match_single_process_training(variant):
     for r in spawn(dp_lab.ddp_train, 2, variant, 3, SMALL, backend="nccl",
                    bucket_size_mb=TWO_LAYERS_MB):
         torch.testing.assert_close(r.params, reference.params)
+
+
+def test_wait_mode_mlp_keeps_the_parameters_and_waits():
+    """Wait mode: the same parameter names and shapes (the wrappers' buckets are the real ones),
+    zero gradients, and a forward + backward that lasts the layers' waits."""
+    import time
+
+    real, waiting = make_mlp(SMALL), dp_lab.wait_mode_mlp(SMALL, 0.02)
+    assert [(n, p.shape) for n, p in real.named_parameters()] == \
+        [(n, p.shape) for n, p in waiting.named_parameters()]
+    start = time.perf_counter()
+    mlp_loss(waiting(make_batch(SMALL))).backward()
+    assert time.perf_counter() - start >= SMALL.layers * 0.02
+    assert all(p.grad is not None and not p.grad.any() for p in waiting.parameters())

@@ -139,7 +139,7 @@ def probe_backend(rank: int, world_size: int, group=None, on_gloo: bool = False)
     if on_gloo and dist.get_backend(group) != "gloo":
         group = dist.new_group(dist.get_process_group_ranks(group or dist.group.WORLD),
                                backend="gloo")
-    p = group_size(group)
+    world = group_size(group)  # N, the number of ranks
     device = rank_device() if dist.get_backend(group) != "gloo" else torch.device("cpu")
     x = start_tensor(group_rank(group), 4).to(device)
 
@@ -157,16 +157,16 @@ def probe_backend(rank: int, world_size: int, group=None, on_gloo: bool = False)
         out = torch.empty(output_shape, device=device)
         return lambda: reduce_scatter_into(out, torch.ones(input_shape, device=device), group)
 
-    lecture_input = torch.randn(p, 4, device=device)   # the lecture's 2-D input
+    lecture_input = torch.randn(world, 4, device=device)   # the lecture's 2-D input
     report = {
         "backend": dist.get_backend(group),
         "all_reduce(op=AVG)":
             attempt(lambda: dist.all_reduce(x.clone(), op=dist.ReduceOp.AVG, group=group)),
-        "reduce_scatter(2-D input (w, n) -> output (n,))": attempt(reduce_scatter((p, 4), (4,))),
-        f"reduce_scatter (p·2, 3) = ({2 * p}, 3) -> (2, 3)": attempt(reduce_scatter((2 * p, 3),
-                                                                                    (2, 3))),
-        f"reduce_scatter (2, p·3) = (2, {3 * p}) -> (2, 3)": attempt(reduce_scatter((2, 3 * p),
-                                                                                    (2, 3))),
+        "reduce_scatter(2-D input (w, n) -> output (n,))": attempt(reduce_scatter((world, 4), (4,))),
+        f"reduce_scatter (N·2, 3) = ({2 * world}, 3) -> (2, 3)": attempt(
+            reduce_scatter((2 * world, 3), (2, 3))),
+        f"reduce_scatter (2, N·3) = (2, {3 * world}) -> (2, 3)": attempt(
+            reduce_scatter((2, 3 * world), (2, 3))),
         "reduce_scatter_rows (flattened)": attempt(lambda: reduce_scatter_rows(
             torch.empty(4, device=device), lecture_input, group=group)),
         "all_reduce_mean": attempt(lambda: all_reduce_mean(x.clone(), group=group)),
@@ -238,10 +238,14 @@ def forgetful_all_reduce(rank: int, world_size: int, group=None) -> str:
 
 
 def barrier_demo(rank: int, world_size: int, seconds_per_rank: float = 0.2, group=None) -> dict:
-    """Rank function: ranks arrive at a barrier at different times and leave it together."""
+    """Rank function: ranks arrive at a barrier at different times and leave it together.
+
+    arrived_s / left_s: seconds since this rank started, rounded; arrived_at / left_at: the
+    machine-wide monotonic clock (the same for every rank), to compare ranks with each other."""
     start = time.monotonic()
     time.sleep(seconds_per_rank * group_rank(group))
-    arrived = time.monotonic() - start
+    arrived_at = time.monotonic()
     dist.barrier(group=group)
-    left = time.monotonic() - start
-    return {"arrived_s": round(arrived, 2), "left_s": round(left, 2)}
+    left_at = time.monotonic()
+    return {"arrived_s": round(arrived_at - start, 2), "left_s": round(left_at - start, 2),
+            "arrived_at": arrived_at, "left_at": left_at}

@@ -19,6 +19,7 @@ from helpers.parallel.dp import VARIANTS, shard, wrap
 from helpers.parallel.groups import all_reduce_mean, group_rank, group_size, rank_device
 from helpers.parallel.trace import Span
 from helpers.parallel.zero import ShardedOptimizer, optimizer_state_bytes
+from helpers.parallel.wait_mode import waiting
 from helpers.timing import Measurement
 
 TIMED = VARIANTS + ("torch", "compute")  # what a training step can be timed with
@@ -189,15 +190,73 @@ def overlap_seconds(events: list[Span]) -> float:
                for e in events if e.kind == "all_reduce" for b in backward)
 
 
-def _training_step(variant: str, bucket_size_mb: float, config: MLPConfig, group=None):
+class WaitLinear(nn.Module):
+    """Wait mode's stand-in for a bias-free square `nn.Linear`: the same `weight` parameter (so
+    the wrappers' hooks fire and their all-reduces carry the real gradient bytes), a forward +
+    backward that waits `seconds` (`helpers.parallel.wait_mode.waiting`: sleeps, no CPU) and a
+    zero gradient. A wait-mode step measures time, not learning."""
+
+    def __init__(self, linear: nn.Linear, seconds: float):
+        super().__init__()
+        self.weight, self.seconds = linear.weight, seconds
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return waiting(x, self.seconds, [self.weight])
+
+
+def wait_mode_mlp(config: MLPConfig, layer_seconds: float) -> nn.Module:
+    """The lecture MLP with every Linear a `WaitLinear` of `layer_seconds` (parameter names and
+    shapes unchanged: '0.weight', '2.weight', ...)."""
+    model = make_mlp(config)
+    for i, layer in enumerate(model):
+        if isinstance(layer, nn.Linear):
+            model[i] = WaitLinear(layer, layer_seconds)
+    return model
+
+
+def layer_seconds(rank: int, world_size: int, config: MLPConfig = LECTURE, repeat: int = 9,
+                  group=None) -> float:
+    """Rank function: the median time of one layer's forward + backward on this rank's slice
+    (the whole model's, divided by its Linear layers), every rank computing at once, as in a
+    compute-mode step: wait mode's `layer_seconds`."""
+    model = make_mlp(config).to(rank_device())
+    x = shard(make_batch(config), group_rank(group), group_size(group)).to(rank_device())
+    times = []
+    for _ in range(repeat + 1):
+        dist.barrier(group=group)
+        start = time.perf_counter()
+        mlp_loss(model(x)).backward()
+        times.append(time.perf_counter() - start)
+        model.zero_grad()
+    layers = sum(isinstance(m, nn.Linear) for m in model)
+    return sorted(times[1:])[repeat // 2] / layers
+
+
+def small_all_reduce_seconds(rank: int, world_size: int, repeat: int = 50, group=None) -> float:
+    """Rank function: the median time of a blocking all-reduce of one float on `group`: the
+    α–β model's per-message cost 2(N−1)·α of a ring over N ranks, as this machine pays it now."""
+    x = torch.zeros(1, device=rank_device())
+    times = []
+    for _ in range(repeat + 5):
+        dist.barrier(group=group)
+        start = time.perf_counter()
+        all_reduce_mean(x, group)
+        times.append(time.perf_counter() - start)
+    return sorted(times[5:])[repeat // 2]
+
+
+def _training_step(variant: str, bucket_size_mb: float, config: MLPConfig, group=None,
+                   wait_s: float | None = None):
     """One training step (forward, backward, sync, SGD step) of `variant`, as a closure.
 
     variant: one of VARIANTS, "torch" (torch.nn.parallel.DistributedDataParallel with
     bucket_cap_mb=bucket_size_mb) or "compute" (no gradient synchronisation at all: the
-    compute-only baseline, run with the same ranks busy at the same time)."""
+    compute-only baseline, run with the same ranks busy at the same time).
+    wait_s: None (compute mode, the real MLP) or each layer's forward + backward in seconds
+    (wait mode: `wait_mode_mlp`, the cores left free for the communication)."""
     check_choice("variant", variant, TIMED)
     device = rank_device()
-    model = make_mlp(config).to(device)
+    model = (make_mlp(config) if wait_s is None else wait_mode_mlp(config, wait_s)).to(device)
     if variant == "torch":
         model = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=bucket_size_mb,
                                                     process_group=group)
@@ -224,12 +283,13 @@ def _end_of_step(group=None) -> None:
 
 def time_interleaved(rank: int, world_size: int, setups: list[tuple[str, float]],
                      config: MLPConfig = LECTURE, repeat: int = 10, warmup: int = 2,
-                     group=None) -> list[list[float]]:
+                     group=None, wait_s: float | None = None) -> list[list[float]]:
     """Rank function: seconds per training step of several (variant, bucket_size_mb) setups
     (see _training_step), one step of each in turn (the order rotating every round), so that a
     machine whose load changes from second to second slows every variant alike. A barrier ends
-    every step, so a step lasts as long as its slowest rank. Returns the times per setup."""
-    steps = [_training_step(v, mb, config, group) for v, mb in setups]
+    every step, so a step lasts as long as its slowest rank. Returns the times per setup.
+    wait_s: wait mode (see _training_step)."""
+    steps = [_training_step(v, mb, config, group, wait_s) for v, mb in setups]
     times: list[list[float]] = [[] for _ in setups]
     for round_ in range(warmup + repeat):
         for i in [(round_ + k) % len(steps) for k in range(len(steps))]:
@@ -244,17 +304,19 @@ def time_interleaved(rank: int, world_size: int, setups: list[tuple[str, float]]
 
 def compare_step_times(ranks, variants=("compute",) + VARIANTS + ("torch",),
                        config: MLPConfig = LECTURE, bucket_size_mb: float = 8.0,
-                       repeat: int = 5, warmup: int = 1) -> dict:
+                       repeat: int = 5, warmup: int = 1, wait_s: float | None = None) -> dict:
     """Time a step for each variant on `ranks` (taking turns, see time_interleaved); print one
     measurement line each, with comm_share = (step - compute-only step) / step when "compute"
-    is among the variants. Returns {variant: Measurement}."""
+    is among the variants. wait_s: wait mode, each layer's forward + backward waiting that
+    long ("torch" then wraps the wait-mode model too). Returns {variant: Measurement}."""
     for v in variants:
         check_choice("variant", v, TIMED)
     check_number("bucket_size_mb", bucket_size_mb, low=0, low_inclusive=False, unit="MiB")
     check_divisible("batch", config.batch, ranks.world_size, "d ranks share its rows")
     times = ranks.run(time_interleaved, [(v, bucket_size_mb) for v in variants], config,
-                      repeat, warmup)[0]
-    results = {v: Measurement(f"{v:<9} step, d={ranks.world_size}", tuple(ts))
+                      repeat, warmup, wait_s=wait_s)[0]
+    mode = "" if wait_s is None else ", wait mode"
+    results = {v: Measurement(f"{v:<9} step, d={ranks.world_size}{mode}", tuple(ts))
                for v, ts in zip(variants, times)}
     compute = results["compute"].median if "compute" in results else None
     for v, m in results.items():
