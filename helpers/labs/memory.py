@@ -107,7 +107,17 @@ def train_stage(rank: int, world_size: int, stage: int, steps: int = 3,
                 precision: MixedPrecision | None = None) -> StageRun:
     """Rank function: `steps` AdamW steps under `stage` over `group`, the last one measured
     (when `measure_last`): the profiler's allocator records around the whole step, the
-    saved-tensor hooks around the forward, the event log (`trace.recording`) around it too."""
+    saved-tensor hooks around the forward, the event log (`trace.recording`) around it too.
+    One intra-op thread, as `train_reference` uses: a kernel that splits a reduction over
+    threads adds in an order the thread count sets, and the OpenMP runtime may change that
+    count with the machine's load, which would make d = 1 differ from one process by a bit."""
+    with intra_op_threads(1):
+        return _train_stage(stage, steps, config, prefetch, measure_last, optimizer, group,
+                            precision)
+
+
+def _train_stage(stage, steps, config, prefetch, measure_last, optimizer, group,
+                 precision) -> StageRun:
     r, d = group_rank(group), group_size(group)
     tokens = make_tokens(config)
     ids, targets = shard(tokens.inputs, r, d), shard(tokens.targets, r, d)
@@ -148,7 +158,13 @@ def train_reference(steps: int = 3, config: TransformerConfig = SMALL,
                     precision: MixedPrecision | None = None) -> dict[str, torch.Tensor]:
     """One process, the whole batch, the plain optimizer: the parameters every stage must
     reach. With `precision`, each step casts the way FSDP does (`mixed_precision_gradients`)
-    and the optimizer steps the fp32 parameters, the masters."""
+    and the optimizer steps the fp32 parameters, the masters. One intra-op thread, as each
+    rank's `train_stage`."""
+    with intra_op_threads(1):
+        return _train_reference(steps, config, optimizer, precision)
+
+
+def _train_reference(steps, config, optimizer, precision) -> dict[str, torch.Tensor]:
     model = make_transformer(config)
     cls, kwargs = optimizer_spec(optimizer, SETTING)
     optimizer = cls(model.parameters(), **kwargs)
