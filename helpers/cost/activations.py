@@ -89,8 +89,7 @@ def stage_layers(model: Transformer, p: int) -> int:
     return math.ceil(model.layers / p)
 
 
-def extra_bytes(model: Transformer, seq: int, tokens: float, t: int, p: int,
-                held: float) -> tuple[float, float]:
+def extra_bytes(model: Transformer, tokens: float, t: int, held: float) -> tuple[float, float]:
     """(first stage, last stage): beyond the layers, the paper's §4.3 terms. The first stage
     keeps the embedding's dropout mask, s·b·h/t per micro-batch held; the last keeps the final
     norm's and the output projection's inputs and the fp32 logits, 4·s·b·h·(1 + V/h)/t,
@@ -118,7 +117,7 @@ def activation_bytes(model: Transformer, seq: int, b: int, t: int = 1, p: int = 
     per_layer = ((1 - share_moe) * layer_bytes(model, seq, tokens, t, sp, recompute, dropout)
                  + share_moe * layer_bytes(model, seq, tokens, t, sp, recompute, dropout,
                                            moe=True))
-    first, last = extra_bytes(model, seq, tokens, t, p, held)
+    first, last = extra_bytes(model, tokens, t, held)
     return per_layer * layers * held + first + (last if p == 1 else 0.0)
 
 

@@ -12,6 +12,7 @@ query chunk a on key/value chunk b costs a full block when b < a, half a block w
 from __future__ import annotations
 
 from helpers.checks import check_choice, check_divisible, check_int
+from helpers.cost import alpha_beta
 
 LAYOUTS = ("naive", "zigzag")
 
@@ -138,9 +139,10 @@ def formula_bytes(c: int, config) -> int:
 def hop_seconds(n: int, batch: int, heads: int, head_dim: int, link_Bps: float,
                 latency_s: float, bytes_per_element: int = 2) -> float:
     """One K/V hop of a rank's n tokens: 2 · b · heads · n · d_head numbers over a link of
-    `link_Bps` in one direction, plus its latency."""
+    `link_Bps` in one direction, plus its latency (notebook 02's α–β model of a send)."""
     check_int("n", n)
-    return 2 * batch * heads * n * head_dim * bytes_per_element / link_Bps + latency_s
+    nbytes = 2 * batch * heads * n * head_dim * bytes_per_element
+    return alpha_beta.predict("send_recv", 2, nbytes, latency_s, 1 / link_Bps)
 
 
 def block_flops(n: int, batch: int, heads: int, head_dim: int) -> int:

@@ -25,7 +25,7 @@ the expert all-to-all hides only under DualPipeV, which was built to overlap it.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from functools import lru_cache
 
 from helpers.checks import check_choice, check_int
@@ -108,9 +108,8 @@ class Layout:
         """A layout the enumeration builds from values it knows are valid: the checks above
         would cost more than pricing it."""
         lay = object.__new__(cls)
-        lay.__dict__.update(t=t, p=p, d=d, c=c, e=e, v=v, b=b, zero=zero, sp=sp,
-                            recompute=recompute, schedule=schedule, grad_bytes=2,
-                            dropout=False, fp8=fp8)
+        lay.__dict__.update(_LAYOUT_DEFAULTS, t=t, p=p, d=d, c=c, e=e, v=v, b=b, zero=zero,
+                            sp=sp, recompute=recompute, schedule=schedule, fp8=fp8)
         return lay
 
     def m(self, job: Job) -> int:
@@ -123,6 +122,9 @@ class Layout:
         parts += [f"e{self.e}"] if self.e > 1 else []
         return " ".join(parts) + f" b{self.b} · ZeRO-{self.zero} · {self.recompute}" \
             + (f" · {self.schedule}" if self.p > 1 else "") + (" · FP8" if self.fp8 else "")
+
+
+_LAYOUT_DEFAULTS = {f.name: f.default for f in fields(Layout)}
 
 
 @dataclass(frozen=True)

@@ -102,6 +102,18 @@ class PublishedRun:
 
 A100_PEAK, H100_PEAK = 312e12, 989e12    # the datasheets' dense 16-bit peaks the papers use
 
+
+def _llama3(name: str, gpus: int, seq: int, batch: int, split: Layout, mfu: float,
+            note: str) -> PublishedRun:
+    """A row of Llama 3's Table 4: 405B on H100s, FSDP without resharding (ZeRO-2's memory),
+    fp32 gradient reduction, flash attention, an interleaved schedule whose v the planner picks."""
+    layout = replace(split, b=1, zero=2, recompute="selective", schedule="interleaved", v=2,
+                     grad_bytes=4)
+    return PublishedRun(name, "Dubey et al. 2024, 'The Llama 3 Herd of Models' "
+                        "(arXiv:2407.21783), Table 4", Job(LLAMA3_405B, H100_SXM, gpus, seq, batch),
+                        layout, mfu, "MFU", "BF16 MFU in PaLM's convention, attention counted, "
+                        "against 989 TFLOP/s", palm_flops, H100_PEAK, {"v": (2, 4, 8)}, note=note)
+
 KORTHIKANTI = ("Korthikanti et al. 2022, 'Reducing Activation Recomputation in Large "
                "Transformer Models' (arXiv:2205.05198), Tables 3 and 5; MFU as in NVIDIA's "
                "Megatron-LM README")
@@ -150,30 +162,12 @@ RUNS: tuple[PublishedRun, ...] = (
                  "TFLOP/s per GPU by 8·N·D: the recomputed forward counted, attention not",
                  eight_n_flops, A100_PEAK,
                  note="TP 4 (= 384 / (12·8)) and ZeRO-1 from the BLOOM paper as others quote it"),
-    PublishedRun("Llama 3 405B, 8K GPUs",
-                 "Dubey et al. 2024, 'The Llama 3 Herd of Models' (arXiv:2407.21783), Table 4",
-                 Job(LLAMA3_405B, H100_SXM, 8192, 8192, 2048),
-                 Layout(t=8, p=16, d=64, b=1, zero=2, recompute="selective",
-                        schedule="interleaved", v=2, grad_bytes=4), 0.43, "MFU",
-                 "BF16 MFU in PaLM's convention, attention counted, against 989 TFLOP/s",
-                 palm_flops, H100_PEAK, {"v": (2, 4, 8)},
-                 note="flash attention, no activation checkpointing; v not published"),
-    PublishedRun("Llama 3 405B, 16K GPUs",
-                 "Dubey et al. 2024, 'The Llama 3 Herd of Models' (arXiv:2407.21783), Table 4",
-                 Job(LLAMA3_405B, H100_SXM, 16384, 8192, 2048),
-                 Layout(t=8, p=16, d=128, b=1, zero=2, recompute="selective",
-                        schedule="interleaved", v=2, grad_bytes=4), 0.41, "MFU",
-                 "BF16 MFU in PaLM's convention, attention counted, against 989 TFLOP/s",
-                 palm_flops, H100_PEAK, {"v": (2, 4, 8)},
-                 note="flash attention, no activation checkpointing; v not published"),
-    PublishedRun("Llama 3 405B, 128K context",
-                 "Dubey et al. 2024, 'The Llama 3 Herd of Models' (arXiv:2407.21783), Table 4",
-                 Job(LLAMA3_405B, H100_SXM, 16384, 131072, 128),
-                 Layout(t=8, c=16, p=16, d=8, b=1, zero=2, recompute="selective",
-                        schedule="interleaved", v=2, grad_bytes=4), 0.38, "MFU",
-                 "BF16 MFU in PaLM's convention, attention counted, against 989 TFLOP/s",
-                 palm_flops, H100_PEAK, {"v": (2, 4, 8)},
-                 note="context parallelism 16; v not published"),
+    _llama3("Llama 3 405B, 8K GPUs", 8192, 8192, 2048, Layout(t=8, p=16, d=64), 0.43,
+            "flash attention, no activation checkpointing; v not published"),
+    _llama3("Llama 3 405B, 16K GPUs", 16384, 8192, 2048, Layout(t=8, p=16, d=128), 0.41,
+            "flash attention, no activation checkpointing; v not published"),
+    _llama3("Llama 3 405B, 128K context", 16384, 131072, 128, Layout(t=8, c=16, p=16, d=8),
+            0.38, "context parallelism 16; v not published"),
     PublishedRun("DeepSeek-V3",
                  "DeepSeek-AI 2024, 'DeepSeek-V3 Technical Report' (arXiv:2412.19437), §3.1-3.2 "
                  "(PP 16, EP 64 over 8 nodes, ZeRO-1, no TP, DualPipe), §4.2 (4K sequence, "

@@ -153,6 +153,14 @@ class Overlap:
         return (self.comm_s + self.compute_s - self.both_s) / self.comm_s
 
 
+def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, diagonal: bool) -> torch.Tensor:
+    """One block of attention as the ring computes it: scores, their log-sum-exp, the softmax
+    times V."""
+    s = scores(q, k, diagonal)
+    lse = s.logsumexp(-1)
+    return torch.exp(s - lse[..., None]) @ v
+
+
 def ring_step_parts(rank: int, world_size: int, config: RingConfig = RING, repeat: int = 7,
                     threads: int | None = 1, pause_s: float | None = None, group=None) -> Overlap:
     """Rank function: time a hop, a block's attention and the two overlapped, c = group size.
@@ -165,9 +173,7 @@ def ring_step_parts(rank: int, world_size: int, config: RingConfig = RING, repea
         if pause_s:
             time.sleep(pause_s)
             return None
-        s = scores(q, k, False)
-        lse = s.logsumexp(-1)
-        return torch.exp(s - lse[..., None]) @ v
+        return _attend(q, k, v, False)
 
     def timed(fn):
         times = []
@@ -222,11 +228,6 @@ def block_costs(config: RingConfig = RING, repeat: int = 7, threads: int | None 
     half = config.seq // 2
     qs, ks, vs = q.split(half, 2), k.split(half, 2), v.split(half, 2)
 
-    def block(q, k, v, diagonal):
-        s = scores(q, k, diagonal)
-        lse = s.logsumexp(-1)
-        return torch.exp(s - lse[..., None]) @ v
-
     def timed(fn):
         times = []
         for _ in range(repeat + 1):
@@ -237,9 +238,10 @@ def block_costs(config: RingConfig = RING, repeat: int = 7, threads: int | None 
 
     with intra_op_threads(threads):
         return BlockCosts(
-            config.seq, config.batch * config.heads, timed(lambda: block(q, k, v, True)), timed(lambda: block(q, k, v, False)),
-            timed(lambda: [block(qs[0], ks[0], vs[0], True), block(qs[1], ks[0], vs[0], False),
-                           block(qs[1], ks[1], vs[1], True)]))
+            config.seq, config.batch * config.heads, timed(lambda: _attend(q, k, v, True)),
+            timed(lambda: _attend(q, k, v, False)),
+            timed(lambda: [_attend(qs[0], ks[0], vs[0], True), _attend(qs[1], ks[0], vs[0], False),
+                           _attend(qs[1], ks[1], vs[1], True)]))
 
 
 @dataclass(frozen=True)
