@@ -139,11 +139,12 @@ def limits(job: Job, lay: Layout, check_memory: bool = True) -> list[str]:
     `check_memory=False` asks only whether the layout is well formed (it can be priced)."""
     out = _malformed(job, lay)
     if not out and check_memory:
-        out += _too_big(job, memory(job, lay))
+        out += memory_limit(job, memory(job, lay))
     return out
 
 
-def _too_big(job: Job, mem: Memory) -> list[str]:
+def memory_limit(job: Job, mem: Memory) -> list[str]:
+    """The memory limit a layout's `memory` breaks on this job's GPU, or []."""
     if mem.total > job.gpu.hbm_bytes:
         return [f"memory {mem.total / GB:.1f} GB > {job.gpu.hbm_bytes / GB:.0f} GB HBM"]
     return []
@@ -546,7 +547,7 @@ def enumerate_layouts(job: Job, pricing: Pricing = Pricing(), recompute=RECOMPUT
             acts = _activations(job, lays[0])
             for lay in lays:
                 mem = _memory(mdl, lay, weights, acts)
-                big = _too_big(job, mem)
+                big = memory_limit(job, mem)
                 if big:
                     out.append(Verdict(lay, mem, None, tuple(big)))
                     continue

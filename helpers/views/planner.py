@@ -18,7 +18,8 @@ from helpers.checks import check_choice, check_divisible, check_int
 from helpers.cost.activations import RECOMPUTE
 from helpers.cost.memory import STAGES
 from helpers.cost.model_shapes import MODELS
-from helpers.cost.planner import GB, NODE, Job, Layout, Memory, Step, limits, memory, step
+from helpers.cost.planner import (GB, NODE, Job, Layout, Memory, Step, limits, memory,
+                                  memory_limit, step)
 from helpers.hardware import RUN_GPUS
 from helpers.views.kit import image_output, png, previewed, text_output
 
@@ -80,7 +81,7 @@ def plan(job: Job, lay: Layout) -> Plan:
     mem = memory(job, lay)
     if broken:
         return Plan(job, lay, broken, mem, None)
-    over = limits(job, lay)          # well formed: only the memory limit can be left
+    over = memory_limit(job, mem)    # well formed: only the memory limit can be left
     return Plan(job, lay, (), mem, step(job, lay), "; ".join(over))
 
 
