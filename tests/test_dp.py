@@ -379,6 +379,16 @@ def test_interleaved_timing_gives_every_variant_its_steps(ranks):
         assert all(len(ts) == 3 and all(t > 0 for t in ts) for ts in times)
 
 
+def test_core_waits_counts_each_variants_steps_from_the_kernel(ranks):
+    ranks.resize(2)
+    per_rank = dp_lab.measure_core_waits(ranks, ("naive", "flat"), TWO_LAYERS_MB, SMALL, repeat=3)
+    for waits in per_rank:
+        assert set(waits) == {"naive", "flat"}
+        assert all(w >= 0 for w in waits.values())  # seconds runnable without a core, never negative
+    with pytest.raises(ValueError, match="variant"):
+        dp_lab.measure_core_waits(ranks, ("naive", "ddp"), TWO_LAYERS_MB, SMALL)
+
+
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2,
                     reason="NCCL path needs 2 GPUs (one per rank); the gloo path is tested above")
 @pytest.mark.parametrize("variant", dp.VARIANTS)

@@ -38,7 +38,7 @@ def time_collective(rank: int, world_size: int, op: str, sizes, iters: int = 20,
     return time_on_group(op, sizes, iters, warmup, rounds, group)
 
 
-def _thread_clocks() -> dict[str, list[int]]:
+def thread_clocks() -> dict[str, list[int]]:
     """{thread name: [ns running, ns runnable but waiting for a core, times scheduled]},
     summed over this process's threads of that name (Linux: /proc/self/task/*/schedstat)."""
     import os
@@ -85,9 +85,9 @@ def scheduler_waits(rank: int, world_size: int, nbytes: int = KiB, iters: int = 
     call = collective_call("all_reduce", nbytes, group, rank_device())
     back_to_back(call, 20, False)
     dist.barrier(group=group)
-    before, t0 = _thread_clocks(), time.perf_counter()
+    before, t0 = thread_clocks(), time.perf_counter()
     times = back_to_back(call, iters, False)
-    elapsed, after = time.perf_counter() - t0, _thread_clocks()
+    elapsed, after = time.perf_counter() - t0, thread_clocks()
     threads = {name: ThreadTime((a[0] - before[name][0]) / 1e9, (a[1] - before[name][1]) / 1e9,
                                 a[2] - before[name][2])
                for name, a in after.items() if name in before}

@@ -302,6 +302,45 @@ def time_interleaved(rank: int, world_size: int, setups: list[tuple[str, float]]
     return times
 
 
+def core_waits(rank: int, world_size: int, variants: tuple[str, ...] = ("naive", "flat"),
+               bucket_size_mb: float = 8.0, config: MLPConfig = LECTURE, repeat: int = 9,
+               warmup: int = 2, group=None) -> dict[str, float]:
+    """Rank function: for each variant, the median seconds per training step that this rank's
+    threads (the training thread and gloo's) spent runnable but waiting for a core, as the
+    Linux scheduler counts it (/proc/self/task/*/schedstat). Steps take turns as in
+    `time_interleaved`. On a machine with a core per thread it is about 0; on 2 cores shared by
+    two ranks it is where a blocking call's extra time goes."""
+    import os
+    from helpers.labs.bench import thread_clocks
+    if not os.path.exists("/proc/self/task"):
+        return {v: float("nan") for v in variants}  # no per-thread scheduler counts off Linux
+    steps = [_training_step(v, bucket_size_mb, config, group) for v in variants]
+    waits: list[list[float]] = [[] for _ in variants]
+    for round_ in range(warmup + repeat):
+        for i in [(round_ + k) % len(steps) for k in range(len(steps))]:
+            _end_of_step(group)
+            before = thread_clocks()
+            steps[i]()
+            after = thread_clocks()
+            _end_of_step(group)
+            if round_ >= warmup:
+                waits[i].append(sum(a[1] - before[name][1] for name, a in after.items()
+                                    if name in before) / 1e9)
+    return {v: sorted(w)[len(w) // 2] for v, w in zip(variants, waits)}
+
+
+def measure_core_waits(ranks, variants: tuple[str, ...] = ("naive", "flat"),
+                       bucket_size_mb: float = 8.0, config: MLPConfig = LECTURE,
+                       repeat: int = 9) -> list[dict[str, float]]:
+    """`core_waits` on every rank of `ranks`, its arguments checked here first."""
+    for v in variants:
+        check_choice("variant", v, VARIANTS + ("compute",))
+    check_number("bucket_size_mb", bucket_size_mb, low=0, low_inclusive=False, unit="MiB")
+    check_int("repeat", repeat, 1)
+    check_divisible("batch", config.batch, ranks.world_size, "d ranks share its rows")
+    return ranks.run(core_waits, tuple(variants), bucket_size_mb, config, repeat)
+
+
 def compare_step_times(ranks, variants=("compute",) + VARIANTS + ("torch",),
                        config: MLPConfig = LECTURE, bucket_size_mb: float = 8.0,
                        repeat: int = 5, warmup: int = 1, wait_s: float | None = None) -> dict:
