@@ -197,6 +197,41 @@ def test_timed_steps_count_the_formula_bytes(ranks):
         assert len(out.measurement.times_s) == 2 and 0 < out.comm_share < 1
 
 
+
+def test_time_degrees_times_t1_and_t2_in_turn(ranks):
+    # t = 1 is the unsharded MLP on rank 0 (no collective); t = 2 the Megatron step, counted.
+    small = LECTURE.with_(hidden=256)
+    timed = tp_lab.compare_degrees(ranks, 2, small, repeat=3, warmup=1)
+    assert sorted(timed) == [1, 2] and ranks.world_size == 2
+    assert all(len(out.measurement.times_s) == 3 for out in timed.values())
+    assert timed[1].comm.calls == 0 and timed[1].comm_shares == (0.0, 0.0, 0.0)
+    assert timed[2].comm.calls_by_op() == formula_collectives("megatron", L)
+    assert timed[2].comm.ring_bytes == tp_cost.formula_bytes("megatron", 2, small)
+    assert 0 < timed[2].comm_share < 1
+
+
+def test_compare_degrees_rejects_bad_input_before_any_process_starts():
+    before = set(mp.active_children())
+    fresh = LiveRanks(4, backend="gloo")
+    try:
+        with pytest.raises(ValueError, match=r"^t \(a tensor-parallel group"):
+            tp_lab.compare_degrees(fresh, 1)
+        with pytest.raises(ValueError, match="^hidden must be a multiple of 3"):
+            tp_lab.compare_degrees(fresh, 3)
+        with pytest.raises(ValueError, match="^repeat"):
+            tp_lab.compare_degrees(fresh, 2, repeat=0)
+        assert fresh.pids == [] and set(mp.active_children()) == before
+    finally:
+        fresh.close()
+
+
+def test_fit_all_reduce_here_is_a_fit_of_this_machine(ranks):
+    fit = tp_lab.fit_all_reduce_here(ranks, 2, sizes=(4096, 262144), iters=3, rounds=1)
+    assert (fit.backend, fit.world_size, fit.source) == ("gloo", 2, "this notebook")
+    assert fit.all_reduce.alpha_s >= 0 and fit.all_reduce.beta_s_per_byte >= 0
+    assert fit.all_reduce.alpha_s + fit.all_reduce.beta_s_per_byte > 0
+    assert "this machine: gloo fit from this notebook" in tp_cost.hardware_choices(fit, 1e10)
+
 def _expected_collectives(ranks_in_group, shape, dim):
     base = torch.arange(torch.Size(shape).numel(), dtype=torch.float32).reshape(shape)
     total = sum(base + r for r in ranks_in_group)  # global rank r holds base + r

@@ -94,3 +94,14 @@ def test_layer_times_rejects_bad_input():
         tp_cost.layer_times(2, 1024, hardware, tokens=0)
     with pytest.raises(ValueError, match="^layout must"):
         tp_cost.layer_times(2, 1024, hardware, 128, layout="diagonal")
+
+
+def test_this_machine_prices_its_fit_and_flops():
+    fit = tp_cost.SavedFit("gloo", 2, 1.0, alpha_beta.Fit("all_reduce", 1e-4, 1e-9), source="here")
+    hardware = tp_cost.this_machine(fit, cpu_flops=1e11)
+    assert tp_cost.hardware_choices(fit, 1e11)["this machine: gloo fit from here"] == hardware
+    row = tp_cost.layer_times(2, 1024, hardware, tokens=128)
+    n = 128 * 1024 * 4                     # one fp32 activation
+    # t = 2, by hand: half the compute, and one ring all-reduce 2(t−1)α + 2(t−1)/t · n·β
+    assert row.compute_s == pytest.approx(6 * 128 * 1024**2 / 2 / 1e11)
+    assert row.comm_s == pytest.approx(2 * 1e-4 + n * 1e-9)

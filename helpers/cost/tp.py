@@ -68,11 +68,13 @@ class TPHardware:
 
 @dataclass(frozen=True)
 class SavedFit:
-    """Notebook 02's all-reduce fit of this machine, and how its ranks were set up."""
+    """An all-reduce fit of this machine (notebook 02's, or `source`'s), and how its ranks
+    were set up."""
     backend: str
     world_size: int
     cores_per_rank: float | None
     all_reduce: alpha_beta.Fit
+    source: str = "notebook 02"
 
 
 def h100_links() -> tuple[Link, Link]:
@@ -97,7 +99,8 @@ def load_fit(path: Path | str | None = None,
 def hardware_choices(fit: SavedFit | None = None,
                      cpu_flops: float | None = None) -> dict[str, TPHardware]:
     """The widget's choices. H100 compute: dense bf16 peak (helpers.hardware.ROOFLINE_PEAKS).
-    'this machine' appears only with notebook 02's fit and a measured FLOP/s (fp32)."""
+    'this machine' appears only with an all-reduce fit of it (notebook 02's, or one measured
+    where it is missing: `helpers.labs.tp.fit_all_reduce_here`) and a measured FLOP/s (fp32)."""
     peak = ROOFLINE_PEAKS["H100 SXM"][0]
     node = H100_SXM.network_levels[0].size  # 8 GPUs per node
     nvlink, ib = h100_links()
@@ -109,11 +112,15 @@ def hardware_choices(fit: SavedFit | None = None,
                                                                 ((None, nvlink),)),
     }
     if fit is not None and cpu_flops:
-        link = Link(f"{fit.backend} (fitted, {fit.cores_per_rank} core(s)/rank)",
-                    1 / fit.all_reduce.beta_s_per_byte, fit.all_reduce.alpha_s)
-        out["this machine: gloo fit from notebook 02"] = TPHardware("this machine", cpu_flops, 4,
-                                                                    ((None, link),))
+        out[f"this machine: {fit.backend} fit from {fit.source}"] = this_machine(fit, cpu_flops)
     return out
+
+
+def this_machine(fit: SavedFit, cpu_flops: float) -> TPHardware:
+    """This machine as the model sees it: fp32 at `cpu_flops`, every ring on the fitted link."""
+    link = Link(f"{fit.backend} (fitted, {fit.cores_per_rank} core(s)/rank)",
+                1 / fit.all_reduce.beta_s_per_byte, fit.all_reduce.alpha_s)
+    return TPHardware("this machine", cpu_flops, 4, ((None, link),))
 
 
 def link_for(hardware: TPHardware, t: int) -> Link:

@@ -1,7 +1,8 @@
 """Notebook 04's runs: the lecture's MLP under each tensor-parallel layout on live ranks (the
 lecture's forward, a training step), checked against one process; the bytes each rank hands to
 torch.distributed against the formulas of `helpers.cost.tp`; PyTorch's DTensor plan for the
-same layouts; timed steps; and notebook 06's model's 2-D tensor parallelism, checked the same way,
+same layouts; timed steps (t = 1 against t = 2 taking turns, and a small all-reduce fit to
+price them with); and notebook 06's model's 2-D tensor parallelism, checked the same way,
 its bytes against the model's formula, on the link between emulated nodes too. The layers and
 f/g are `helpers.parallel.tp`."""
 from __future__ import annotations
@@ -18,8 +19,9 @@ import torch.nn.functional as F
 
 from helpers.checks import check_choice, check_int
 from helpers.configs import LECTURE, MLPConfig, TransformerConfig
-from helpers.cost.tp import (Grid2D, check_config, formula_activation_bytes, formula_bytes,
-                             formula_collectives, kind_of, model_bytes_2d, split_on_nodes)
+from helpers.cost.tp import (Grid2D, SavedFit, check_config, formula_activation_bytes,
+                             formula_bytes, formula_collectives, kind_of, model_bytes_2d,
+                             split_on_nodes)
 from helpers.launch import cluster
 from helpers.launch.host import intra_op_threads
 from helpers.models import FeedForward, make_batch, make_mlp, mlp_loss
@@ -185,6 +187,28 @@ def run_lecture_forward(ranks, t: int = 4, config: MLPConfig = LECTURE) -> list[
     return ranks.run(lecture_forward, config)
 
 
+def _counted_step(model: nn.Module, x: torch.Tensor, config: MLPConfig, logs: list):
+    """One forward + backward, its collectives' log appended to `logs` (one list per call)."""
+    def step():
+        model.zero_grad(set_to_none=True)
+        x.grad = None
+        with counting() as log:
+            mlp_loss(model(x), numel=config.batch * config.hidden).backward()
+        logs.append(log)
+    return step
+
+
+def _sync_for(x: torch.Tensor):
+    """What a clock read waits for: every rank done (and, on a GPU, its queued kernels)."""
+    return (lambda: (torch.cuda.synchronize(), dist.barrier())) if x.is_cuda else dist.barrier
+
+
+def _timed(what: str, times: list[float], logs: list) -> TimedSteps:
+    timed = [summarize(log) for log in logs]
+    return TimedSteps(Measurement(what, tuple(times)), timed[-1],
+                      tuple(s.seconds / dt for s, dt in zip(timed, times)))
+
+
 def timed_steps(rank: int, world_size: int, layout: str = "megatron", config: MLPConfig = LECTURE,
                 repeat: int = 10, warmup: int = 2, threads: int | None = None) -> TimedSteps:
     """Time forward + backward steps (barrier before each clock read, so a step ends when
@@ -192,19 +216,68 @@ def timed_steps(rank: int, world_size: int, layout: str = "megatron", config: ML
     `threads` overrides this rank's intra-op threads for the timing (restored afterwards)."""
     with intra_op_threads(threads):
         model, x = _build(layout, config, bias=False)
-        sync = (lambda: (torch.cuda.synchronize(), dist.barrier())) if x.is_cuda else dist.barrier
-        logs = []
+        logs: list = []
+        m = measure(_counted_step(model, x, config, logs), f"{layout} t={world_size} step",
+                    repeat=repeat, warmup=warmup, sync=_sync_for(x))
+    return _timed(m.what, list(m.times_s), logs[warmup:])
 
-        def step():
-            model.zero_grad(set_to_none=True)
-            x.grad = None
-            with counting() as log:
-                mlp_loss(model(x), numel=config.batch * config.hidden).backward()
-            logs.append(log)
 
-        m = measure(step, f"{layout} t={world_size} step", repeat=repeat, warmup=warmup, sync=sync)
-    timed = [summarize(log) for log in logs[warmup:]]
-    return TimedSteps(m, timed[-1], tuple(s.seconds / dt for s, dt in zip(timed, m.times_s)))
+def time_degrees(rank: int, world_size: int, config: MLPConfig = LECTURE, repeat: int = 8,
+                 warmup: int = 2, threads: int | None = 1) -> dict[int, TimedSteps]:
+    """Megatron steps at t = 1 and t = world_size on the same ranks, one step of each in turn,
+    the order swapping every round (as `helpers.labs.dp.time_interleaved` does), so that load
+    which comes and goes slows both alike. t = 1 is the unsharded MLP on rank 0 while the other
+    ranks wait at the barrier that ends every step; `threads` intra-op threads per rank (1: a
+    rank is one device with one core). {t: TimedSteps}, rank 0's the one to read."""
+    with intra_op_threads(threads):
+        model, x = _build("megatron", config, bias=False)
+        logs: dict[int, list] = {1: [], world_size: []}
+        steps = {world_size: _counted_step(model, x, config, logs[world_size]),
+                 1: lambda: logs[1].append([])}  # the ranks that wait: no step, no collective
+        if rank == 0:
+            whole = make_mlp(config).to(x.device)
+            steps[1] = _counted_step(whole, make_batch(config).to(x.device).requires_grad_(True),
+                                     config, logs[1])
+        sync, times = _sync_for(x), {t: [] for t in steps}
+        for round_ in range(warmup + repeat):
+            for t in (sorted(steps) if round_ % 2 else sorted(steps, reverse=True)):
+                sync()
+                start = time.perf_counter()
+                steps[t]()
+                sync()
+                if round_ >= warmup:
+                    times[t].append(time.perf_counter() - start)
+    return {t: _timed(f"megatron t={t} step", times[t], logs[t][warmup:]) for t in steps}
+
+
+def compare_degrees(ranks, t: int = 2, config: MLPConfig = LECTURE, repeat: int = 8,
+                    warmup: int = 2, threads: int | None = 1) -> dict[int, TimedSteps]:
+    """Check in the parent, then `time_degrees` on t live ranks: {1: ..., t: ...} (rank 0's)."""
+    check_config(t, config, "megatron")
+    check_int("t (a tensor-parallel group to time against t = 1)", t, 2)
+    check_int("repeat", repeat, 1)
+    check_int("warmup", warmup, 0)
+    ranks.resize(t)
+    return ranks.run(time_degrees, config, repeat, warmup, threads)[0]
+
+
+FIT_SIZES = (16 * 1024, 128 * 1024, 512 * 1024, 2 * 1024**2)  # around one activation, 512 KiB
+
+
+def fit_all_reduce_here(ranks, world_size: int, sizes=FIT_SIZES, iters: int = 10,
+                        rounds: int = 3) -> SavedFit:
+    """Notebook 02's all-reduce fit, small: a sweep of `sizes` bytes on `world_size` live ranks
+    (their threads as `helpers.ranks` sets them), α and β fitted to each size's 10th percentile
+    (`helpers.cost.bench.fit_sweep`). Under a second on 2 ranks; what this notebook prices
+    this machine's link with when notebook 02 has not saved its fit, or in another regime."""
+    from helpers.cost.bench import fit_sweep
+    from helpers.labs.bench import run_sweep
+    from helpers.ranks import cpu_cores
+    records = run_sweep(ranks, ("all_reduce",), sizes, (world_size,), iters=iters, warmup=2,
+                        rounds=rounds, progress=False)
+    cores = None if ranks.backend == "nccl" else round(cpu_cores() / world_size, 3)
+    return SavedFit(ranks.backend, world_size, cores, fit_sweep(records)["all_reduce"],
+                    source="this notebook")
 
 
 def reference_step(config: MLPConfig = LECTURE, bias: bool = False) -> StepResult:
