@@ -79,3 +79,18 @@ def test_hop_is_shorter_than_the_block_from_the_crossover_on():
     assert hop(n) < block(n) and hop(n - 1) >= block(n - 1)
     # without latency the crossover is B · F' / (2 W), whatever the shapes
     assert context.hop_shorter_from(450e9, 0.0, 989e12, 0.5) == pytest.approx(2 * 989e12 * 0.5 / 900e9, abs=1)
+
+
+def test_expert_flops_and_the_gpu_step():
+    # h → 4h → h: 2 · 4h² multiply-adds a row forward, 2 FLOPs each, times 3 with the backward
+    assert experts.expert_flops(10, 8) == 3 * 2 * 2 * 10 * 8 * 32
+    step = experts.ep_step_seconds(4, 100, 2, 8, link_Bps=1e9, latency_s=1e-6, peak_flops=1e9,
+                                   efficiency=0.5, bytes_per_element=2)
+    one = 3 * 1e-6 + 3 / 4 * 200 * 8 * 2 / 1e9   # (e − 1) α + (e − 1)/e of the n·k rows
+    assert step.all_to_all_s == pytest.approx(4 * one)
+    assert step.experts_s == pytest.approx(experts.expert_flops(200, 8) / 0.5e9)
+    assert step.all_to_all_share == pytest.approx(step.all_to_all_s / (step.all_to_all_s + step.experts_s))
+    with pytest.raises(ValueError, match="efficiency"):
+        experts.ep_step_seconds(4, 100, 2, 8, 1e9, 1e-6, 1e9, 1.5)
+    with pytest.raises(ValueError, match="e must be"):
+        experts.ep_step_seconds(1, 100, 2, 8, 1e9, 1e-6, 1e9, 0.5)

@@ -151,3 +151,45 @@ def test_the_capacity_line_says_it_holds_per_sending_rank():
     assert any(under), "the default router drops tokens from a bar under the line"
     labels = [t.get_text() for t in plot_token_load(load).axes[0].get_legend().get_texts()]
     assert f"at most {load.capacity} from each of the {load.e} ranks" in labels[0]
+
+
+@pytest.mark.parametrize("row_s", [None, 1e-6])
+def test_timed_steps_split_the_all_to_all_time(ranks, row_s):
+    """With one step the medians are that step's numbers: waiting + moving is exactly the time
+    inside the all-to-alls; the experts' rows add up to the kept slots; wait mode sends the
+    same bytes (the routing is the same, only the experts sleep)."""
+    config = DROPPING
+    runs = ep_lab.run_timed_ep_steps(ranks, 2, config, 1, row_s)
+    reference = ep_lab.reference_step(config.with_(groups=2))
+    kept = sum(map(sum, reference.stats.kept))
+    assert sum(r.expert_rows for r in runs) == kept
+    for r in runs:
+        assert r.waiting_s + r.moving_s == pytest.approx(r.comm_s, abs=1e-9)
+        assert r.waiting_s >= 0 and r.moving_s > 0
+    compute = ep_lab.run_timed_ep_steps(ranks, 2, config, 1)
+    assert [r.sent_bytes for r in runs] == [r.sent_bytes for r in compute]
+
+
+def test_waiting_expert_passes_rows_through_and_waits():
+    import time
+    ffn = MoE(MOE).experts[0]
+    x = torch.randn(50, MOE.hidden, requires_grad=True)
+    expert = ep_lab.WaitingExpert(ffn, 2e-4)   # 50 rows: 10 ms forward + backward
+    start = time.perf_counter()
+    y = expert(x)
+    y.sum().backward()
+    assert time.perf_counter() - start >= 0.01 * 0.99
+    assert torch.equal(y, x) and torch.equal(x.grad, torch.ones_like(x))
+    assert all(torch.count_nonzero(p.grad) == 0 for p in ffn.parameters())
+    assert ep_lab.expert_row_seconds(MOE, repeat=2) > 0
+
+
+@pytest.mark.parametrize("e, steps, row_s, word", [
+    (2, 0, None, "steps must be between 1"),
+    (2, 5, 0.5, "expert_row_s must be"),
+    (2, 5, -1e-6, "expert_row_s must be"),
+    (3, 5, None, "experts"),
+])
+def test_timed_steps_refuse_bad_input_before_any_process_starts(e, steps, row_s, word):
+    with pytest.raises(ValueError, match=word):
+        ep_lab.run_timed_ep_steps(Refuse(), e, MOE, steps, row_s)

@@ -134,3 +134,40 @@ def test_figures_draw(ranks):
     points = [ScalingPoint(c, s, 0.01 * c, formula_bytes(c, SMALL), formula_bytes(c, SMALL))
               for c in (1, 2) for s in (32, 64)]
     assert plot_ring_scaling(points).axes
+
+
+@pytest.mark.parametrize("pause_s", [None, 0.002])
+def test_ring_step_parts_times_four_parts_in_turn(ranks, pause_s):
+    """Timing is never asserted; what is: every part was timed, and the derived numbers are
+    the formulas their docstrings state."""
+    parts = ra_lab.run_ring_step_parts(ranks, SMALL, 3, pause_s)
+    assert parts.rounds == 3
+    assert min(parts.comm_s, parts.compute_s, parts.both_s, parts.post_s) > 0
+    assert parts.spread_s >= 0
+    if pause_s:   # a sleeping block lasts at least its sleep
+        assert parts.compute_s >= pause_s and parts.both_s >= pause_s
+    assert ra_lab.replay_s(parts, parts) == max(parts.comm_s, parts.compute_s) + parts.post_s
+
+
+def test_overlap_arithmetic():
+    parts = ra_lab.Overlap(comm_s=1.0, compute_s=4.0, both_s=4.5, post_s=0.2, exposed_s=0.25,
+                           spread_s=0.1, rounds=5)
+    assert parts.hidden_share == pytest.approx(0.75)
+    assert parts.overhead_s == pytest.approx(-0.75)   # both − (hop + block), round by round
+    free = ra_lab.Overlap(0.5, 5.0, 5.1, 0.1, 0.1, 0.0, 5)
+    assert ra_lab.replay_s(parts, free) == pytest.approx(4.0 + 0.1)   # the block, free posting
+    assert ra_lab.replay_s(free, parts) == pytest.approx(5.0 + 0.2)
+    assert parts.error_s == pytest.approx(1.2533 * 0.1 / 1.349 / 5 ** 0.5)
+    slower = ra_lab.Overlap(1.0, 4.0, 6.0, 0.2, 2.0, 0.1, 5)
+    assert slower.hidden_share == pytest.approx(-1.0) and slower.overhead_s == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("config, repeat, pause_s, word", [
+    (SMALL, 2, None, "repeat must be between 3"),
+    (SMALL, 5, 2.0, "pause_s must be"),
+    (SMALL, 5, 0.0, "pause_s must be"),
+    (RingConfig(seq=33), 5, None, "seq must be a multiple of 2"),
+])
+def test_ring_step_parts_refuses_bad_input_before_any_process_starts(config, repeat, pause_s, word):
+    with pytest.raises(ValueError, match=word):
+        ra_lab.run_ring_step_parts(Refuse(), config, repeat, pause_s)

@@ -1,5 +1,5 @@
 """Mixture-of-experts arithmetic (notebook 09): expert capacity and the bytes of expert
-parallelism's all-to-alls. Pure arithmetic, no torch.
+parallelism's all-to-alls; one step's all-to-all share on GPUs. Pure arithmetic, no torch.
 
 Notation: E experts on e expert-parallel ranks (E/e experts each), k experts per token (top-k),
 n tokens per rank, h the width of a token's row, `bytes_per_element` of each number.
@@ -7,8 +7,10 @@ n tokens per rank, h the width of a token's row, `bytes_per_element` of each num
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 from helpers.checks import check_divisible, check_int, check_number
+from helpers.cost import alpha_beta
 
 # Expert-parallel step: dispatch and combine forward, and the same two (reversed) backward.
 ALL_TO_ALLS_PER_STEP = 4
@@ -63,3 +65,41 @@ def formula_bytes(e: int, config, bytes_per_element: int = 4) -> float:
     return moe_step_bytes(e, config.tokens // e, config.top_k, config.hidden, bytes_per_element)
 
 
+
+
+# ----------------------------------------------------------------------------------------
+# One expert-parallel step on a GPU: the same bytes, other hardware numbers.
+# ----------------------------------------------------------------------------------------
+
+def expert_flops(rows: int, hidden: int) -> int:
+    """Forward + backward FLOPs of `rows` rows through one expert (h → 4h → h, notebook 07's
+    FeedForward): 2 matmuls of 2·4h² per row forward, twice that backward: 48·h² per row."""
+    check_int("rows", rows, 0)
+    check_int("hidden", hidden)
+    return 3 * 2 * 2 * rows * hidden * 4 * hidden
+
+
+@dataclass(frozen=True)
+class EPStep:
+    """One expert-parallel MoE layer step (forward + backward) on GPUs, balanced router, no
+    overlap: the four all-to-alls and the experts' matmuls, seconds."""
+    all_to_all_s: float
+    experts_s: float
+
+    @property
+    def all_to_all_share(self) -> float:
+        return self.all_to_all_s / (self.all_to_all_s + self.experts_s)
+
+
+def ep_step_seconds(e: int, tokens: int, top_k: int, hidden: int, link_Bps: float, latency_s: float,
+                    peak_flops: float, efficiency: float, bytes_per_element: int = 2) -> EPStep:
+    """n = `tokens` per rank, each of its n·k slots (h numbers) through the 4 all-to-alls
+    (notebook 02's α–β model, e ranks on one link) and, balanced, n·k rows through this rank's
+    experts at `efficiency` of `peak_flops`."""
+    check_int("e", e, 2)
+    check_number("efficiency", efficiency, 0, 1, low_inclusive=False)
+    slots = check_int("tokens", tokens) * check_int("top_k", top_k)
+    one = alpha_beta.predict("all_to_all", e, slots * hidden * bytes_per_element, latency_s,
+                             1 / link_Bps)
+    return EPStep(ALL_TO_ALLS_PER_STEP * one,
+                  expert_flops(slots, hidden) / (peak_flops * efficiency))

@@ -1,7 +1,9 @@
 """Notebook 09's expert-parallel runs: one MoE step on the e ranks of a group, checked against
-the one-process layer with groups = e; timed steps; notebook 07's decoder with an MoE layer
-in every block, expert-parallel; the router's load per expert, in one process. The layer and
-its all-to-alls are `helpers.parallel.experts`; the byte formulas `helpers.cost.experts`."""
+the one-process layer with groups = e; timed steps, with real compute or in wait mode, their
+time in the all-to-alls split into waiting for the last rank and moving bytes; notebook 07's
+decoder with an MoE layer in every block, expert-parallel; the router's load per expert, in one
+process. The layer and its all-to-alls are `helpers.parallel.experts`; the byte formulas
+`helpers.cost.experts`."""
 from __future__ import annotations
 
 import statistics
@@ -10,15 +12,18 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+from torch import nn
 
-from helpers.checks import check_divisible, check_int
+from helpers.checks import check_divisible, check_int, check_number
 from helpers.configs import MOE, TRANSFORMER, MoEConfig, TransformerConfig
 from helpers.cost.experts import check_expert_degree
 from helpers.launch.host import intra_op_threads
 from helpers.models import (MoE, MoEStats, lm_loss, make_moe_batch, make_moe_transformer,
                             make_tokens, moe_loss)
-from helpers.parallel.experts import ExpertParallelMoE, counting, local_name
+from helpers.parallel.experts import ExpertParallelMoE, counting, exchange_counts, local_name
 from helpers.parallel.groups import group_rank, group_size
+from helpers.parallel.wait_mode import waiting
+from helpers.timing import times_of
 
 # ----------------------------------------------------------------------------------------
 # One training step, on ranks and on one process.
@@ -107,22 +112,71 @@ class TimedMoE:
     comm_s: float            # median time inside dispatch and combine (this rank)
     sent_bytes: int
     dropped: int             # this rank's dropped slots
+    waiting_s: float = 0.0   # median, of comm_s: before the last rank reached each all-to-all
+    moving_s: float = 0.0    # median, of comm_s: from the last rank's arrival to this rank's end
+    expert_rows: int = 0     # rows this rank's experts took in a step, from every rank
+
+
+def check_timed(steps: int, expert_row_s: float | None) -> None:
+    check_int("steps", steps, 1, 1000)
+    if expert_row_s is not None:
+        check_number("expert_row_s", expert_row_s, 0, 0.01, low_inclusive=False, unit="s")
+
+
+def run_timed_ep_steps(ranks, e: int, config: MoEConfig = MOE, steps: int = 5,
+                       expert_row_s: float | None = None) -> list[TimedMoE]:
+    """`timed_ep_steps` on e live ranks, one thread each (checked first); every rank's result."""
+    config = check_ep(e, config)
+    check_timed(steps, expert_row_s)
+    return ranks.resize(e).run(timed_ep_steps, config, steps, 1, expert_row_s)
 
 
 def timed_ep_steps(rank: int, world_size: int, config: MoEConfig = MOE, steps: int = 5,
-                   threads: int | None = 1, group=None) -> TimedMoE:
+                   threads: int | None = 1, expert_row_s: float | None = None,
+                   group=None) -> TimedMoE:
     """Rank function: `steps` forward + backward steps after one warm-up, each between barriers
-    (`threads` torch threads per rank meanwhile, as `ring_attention.intra_op_threads`)."""
+    (`threads` torch threads per rank meanwhile, as `ring_attention.intra_op_threads`).
+    `expert_row_s`: wait mode, every expert waits that long per row it takes instead of
+    computing (`WaitingExpert`)."""
+    check_timed(steps, expert_row_s)
     with intra_op_threads(threads):
-        return _timed_ep_steps(config, steps, group)
+        return _timed_ep_steps(config, steps, group, expert_row_s)
 
 
-def _timed_ep_steps(config: MoEConfig, steps: int, group) -> TimedMoE:
+class WaitingExpert(nn.Module):
+    """Wait mode's expert: forward + backward wait `row_s` per row (its matmuls' time alone on
+    one core, `expert_row_seconds`), leaving the core free; rows pass through unchanged, the
+    parameters get zero gradients (`wait_mode.waiting`)."""
+
+    def __init__(self, ffn: nn.Module, row_s: float):
+        super().__init__()
+        self.ffn, self.row_s = ffn, row_s
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return waiting(x, self.row_s * x.shape[0], list(self.ffn.parameters()))
+
+
+def expert_row_seconds(config: MoEConfig = MOE, repeat: int = 7, threads: int | None = 1) -> float:
+    """One expert's forward + backward per row, this process, `threads` threads: median over
+    `repeat` runs (after a warm-up) on a balanced expert's n·k/E rows."""
+    check_int("repeat", repeat, 1, 1000)
+    rows = max(1, config.tokens * config.top_k // config.experts)
+    ffn = MoE(config).experts[0]
+    x = torch.randn(rows, config.hidden, generator=torch.Generator().manual_seed(0),
+                    requires_grad=True)
+    with intra_op_threads(threads):
+        times = times_of(lambda: ffn(x).sum().backward(), repeat + 1)[1:]
+    return statistics.median(times) / rows
+
+
+def _timed_ep_steps(config: MoEConfig, steps: int, group, expert_row_s: float | None) -> TimedMoE:
     e, r = group_size(group), group_rank(group)
     layer = ExpertParallelMoE(MoE(config), group)
+    if expert_row_s is not None:
+        layer.experts = nn.ModuleList(WaitingExpert(f, expert_row_s) for f in layer.experts)
     x = make_moe_batch(config).chunk(e)[r].requires_grad_()
-    times, comm = [], []
-    for i in range(steps + 1):
+
+    def step() -> tuple[float, list]:
         layer.zero_grad()
         dist.barrier(group=group)
         start = time.perf_counter()
@@ -131,11 +185,38 @@ def _timed_ep_steps(config: MoEConfig, steps: int, group) -> TimedMoE:
             moe_loss(y, layer.aux_loss, config, numel=y.numel() * e, share=1 / e).backward()
         slowest = torch.tensor(time.perf_counter() - start)
         dist.all_reduce(slowest, op=dist.ReduceOp.MAX, group=group)
-        if i:
-            times.append(slowest.item())
-            comm.append(sum(x.seconds for x in log if x.label != "counts"))
+        return slowest.item(), [x for x in log if x.label != "counts"]
+
+    step()   # warm-up
+    times, comm, split = [], [], []
+    for _ in range(steps):
+        seconds, moved = step()
+        times.append(seconds)
+        comm.append(sum(x.seconds for x in moved))
+        split.append(waiting_and_moving(moved, group))
     return TimedMoE(statistics.median(times), statistics.median(comm),
-                    sum(x.nbytes for x in log if x.label != "counts"), layer.stats.dropped)
+                    sum(x.nbytes for x in moved), layer.stats.dropped,
+                    statistics.median(w for w, _ in split), statistics.median(m for _, m in split),
+                    _rows_taken(layer, group))
+
+
+def waiting_and_moving(moved: list, group) -> tuple[float, float]:
+    """This rank's seconds inside the step's all-to-alls, split at the moment the last rank
+    reached each one: before it, waiting (for that rank's experts, or for a core); after it,
+    moving the bytes. The ranks share one machine, so their perf_counter clocks (the system's
+    monotonic clock) can be compared."""
+    mine = torch.tensor([[x.start, x.start + x.seconds] for x in moved], dtype=torch.float64)
+    every = [torch.empty_like(mine) for _ in range(group_size(group))]
+    dist.all_gather(every, mine, group=group)
+    last = torch.stack(every)[:, :, 0].max(0).values          # each all-to-all's last arrival
+    waiting = (last - mine[:, 0]).sum().item()
+    return waiting, (mine[:, 1] - last).sum().item()
+
+
+def _rows_taken(layer: ExpertParallelMoE, group) -> int:
+    """Rows this rank's experts took in the last step, from every rank (the counts' exchange)."""
+    per_expert = torch.tensor(layer.stats.kept[0]).view(group_size(group), layer.local)
+    return int(exchange_counts(per_expert, group).sum())
 
 
 def ep_transformer_step(rank: int, world_size: int, config: TransformerConfig = TRANSFORMER,

@@ -23,6 +23,7 @@ from helpers.parallel.groups import group_rank, group_size
 from helpers.parallel.ring_attention import (ContextParallelAttention, Shift, assemble, local,
                                              ring_attention, scores)
 from helpers.parallel.trace import Span
+from helpers.timing import wait
 
 
 def make_qkv(config: RingConfig = RING) -> tuple[torch.Tensor, ...]:
@@ -140,17 +141,42 @@ def summarize(per_rank: list[list[RingStep]]) -> RingTiming:
 
 @dataclass(frozen=True)
 class Overlap:
-    """One ring step's parts, median seconds on the slowest rank."""
+    """One ring step's parts, seconds on the slowest rank: medians over rounds in which each
+    part runs once, in turn (`ring_step_parts`)."""
     comm_s: float        # one K/V hop alone
     compute_s: float     # one full block of attention alone (forward)
     both_s: float        # the hop started, the block computed, the hop waited for
+    post_s: float        # a hop of one number alone: posting a hop and waiting for it, no bytes to speak of
+    exposed_s: float     # both − block, round by round: what of the hop still showed
+    spread_s: float      # the interquartile range of those rounds' both − block
+    rounds: int
 
     @property
     def hidden_share(self) -> float:
-        """How much of the hop the overlap hid: (comm + compute − both) / comm, not clamped:
-        1 when the hop was hidden completely, 0 when overlapping saved nothing, below 0 when
-        the two together took longer than one after the other."""
-        return (self.comm_s + self.compute_s - self.both_s) / self.comm_s
+        """How much of the hop the overlap hid: (hop − (both − block)) / hop, not clamped: 1 when
+        the hop was hidden completely, 0 when overlapping saved nothing, below 0 when the two
+        together took longer than one after the other."""
+        return (self.comm_s - self.exposed_s) / self.comm_s
+
+    @property
+    def error_s(self) -> float:
+        """The standard error of a median of `rounds` rounds of both − block, from their spread
+        (σ ≈ IQR / 1.349; a median's error ≈ 1.2533 · σ / √rounds)."""
+        return 1.2533 * self.spread_s / 1.349 / self.rounds ** 0.5
+
+    @property
+    def overhead_s(self) -> float:
+        """both − (hop + block): above 0, overlapping cost more than doing the two in turn."""
+        return self.exposed_s - self.comm_s
+
+
+
+def replay_s(computed: Overlap, free: Overlap) -> float:
+    """The overlapped step with a processor for each rank and another for its copies: the longer
+    of the hop (`free`, wait mode: nobody else wants the core) and the block (`computed`), plus
+    posting a hop and waiting for it (`free.post_s`), which run on the rank's own thread before
+    and after the block and cannot hide."""
+    return max(free.comm_s, computed.compute_s) + free.post_s
 
 
 def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, diagonal: bool) -> torch.Tensor:
@@ -161,39 +187,67 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, diagonal: bool) -
     return torch.exp(s - lse[..., None]) @ v
 
 
-def ring_step_parts(rank: int, world_size: int, config: RingConfig = RING, repeat: int = 7,
+def check_parts(repeat: int, pause_s: float | None) -> None:
+    check_int("repeat", repeat, 3, 1000)
+    if pause_s is not None:
+        check_number("pause_s", pause_s, 0, 1, low_inclusive=False, unit="s")
+
+
+def run_ring_step_parts(ranks, config: RingConfig = RING, repeat: int = 20,
+                        pause_s: float | None = None) -> Overlap:
+    """`ring_step_parts` on 2 live ranks (checked first)."""
+    check_parts(repeat, pause_s)
+    check_split(config.seq, 2, "naive")
+    return ranks.resize(2).run(ring_step_parts, config, repeat, 1, pause_s)[0]
+
+
+def ring_step_parts(rank: int, world_size: int, config: RingConfig = RING, repeat: int = 20,
                     threads: int | None = 1, pause_s: float | None = None, group=None) -> Overlap:
-    """Rank function: time a hop, a block's attention and the two overlapped, c = group size.
-    `pause_s`: wait mode, the block sleeps that long instead of computing (the core is free)."""
+    """Rank function: time a hop, a block's attention, the two overlapped and a one-number hop,
+    c = group size, `repeat` rounds (after one warm-up) of the four in a rotating order, so
+    that a change in the machine's load falls on all four alike. `pause_s`: wait mode, the
+    block sleeps that long instead of computing (the core is free)."""
+    check_parts(repeat, pause_s)
     c = group_size(group)
     q, k, v, _ = (x.chunk(c, dim=2)[0].contiguous() for x in make_qkv(config))
-    kv = torch.stack([k, v])
+    kv, one = torch.stack([k, v]), torch.zeros(1)
 
     def compute():
         if pause_s:
-            time.sleep(pause_s)
-            return None
-        return _attend(q, k, v, False)
-
-    def timed(fn):
-        times = []
-        for _ in range(repeat + 1):
-            dist.barrier(group=group)
-            start = time.perf_counter()
-            fn()
-            slowest = torch.tensor(time.perf_counter() - start)
-            dist.all_reduce(slowest, op=dist.ReduceOp.MAX, group=group)
-            times.append(slowest.item())
-        return statistics.median(times[1:])
+            wait(pause_s)
+        else:
+            _attend(q, k, v, False)
 
     def both():
         shift = Shift(kv, 0, group)
         compute()
         shift.wait("forward", 0)
 
+    parts = [lambda: Shift(kv, 0, group).wait("forward", 0), compute, both,
+             lambda: Shift(one, 0, group).wait("forward", 0)]
     with intra_op_threads(threads):
-        return Overlap(timed(lambda: Shift(kv, 0, group).wait("forward", 0)), timed(compute),
-                       timed(both))
+        times = torch.tensor(_rounds(parts, repeat, group), dtype=torch.float64)
+    dist.all_reduce(times, op=dist.ReduceOp.MAX, group=group)   # each round's slowest rank
+    times = times[1:]
+    hop, block, overlapped, tiny = times.median(0).values.tolist()
+    shown = times[:, 2] - times[:, 1]
+    q1, q3 = shown.quantile(torch.tensor([0.25, 0.75], dtype=shown.dtype)).tolist()
+    return Overlap(hop, block, overlapped, tiny, shown.median().item(), q3 - q1, repeat)
+
+
+def _rounds(parts, repeat: int, group) -> list[list[float]]:
+    """1 + `repeat` rounds; in each, every part once between barriers, starting with part
+    round mod len(parts). Seconds, [round][part], this rank."""
+    times = []
+    for round_ in range(repeat + 1):
+        row = [0.0] * len(parts)
+        for i in [(round_ + j) % len(parts) for j in range(len(parts))]:
+            dist.barrier(group=group)
+            start = time.perf_counter()
+            parts[i]()
+            row[i] = time.perf_counter() - start
+        times.append(row)
+    return times
 
 
 @dataclass(frozen=True)
