@@ -143,7 +143,7 @@ def test_ring_step_parts_times_four_parts_in_turn(ranks, pause_s):
     parts = ra_lab.run_ring_step_parts(ranks, SMALL, 3, pause_s)
     assert parts.rounds == 3
     assert min(parts.comm_s, parts.compute_s, parts.both_s, parts.post_s) > 0
-    assert parts.spread_s >= 0
+    assert parts.error_s >= 0
     if pause_s:   # a sleeping block lasts at least its sleep
         assert parts.compute_s >= pause_s and parts.both_s >= pause_s
     assert ra_lab.replay_s(parts, parts) == max(parts.comm_s, parts.compute_s) + parts.post_s
@@ -151,15 +151,21 @@ def test_ring_step_parts_times_four_parts_in_turn(ranks, pause_s):
 
 def test_overlap_arithmetic():
     parts = ra_lab.Overlap(comm_s=1.0, compute_s=4.0, both_s=4.5, post_s=0.2, exposed_s=0.25,
-                           spread_s=0.1, rounds=5)
+                           error_s=0.1, rounds=5)
     assert parts.hidden_share == pytest.approx(0.75)
     assert parts.overhead_s == pytest.approx(-0.75)   # both − (hop + block), round by round
     free = ra_lab.Overlap(0.5, 5.0, 5.1, 0.1, 0.1, 0.0, 5)
     assert ra_lab.replay_s(parts, free) == pytest.approx(4.0 + 0.1)   # the block, free posting
     assert ra_lab.replay_s(free, parts) == pytest.approx(5.0 + 0.2)
-    assert parts.error_s == pytest.approx(1.2533 * 0.1 / 1.349 / 5 ** 0.5)
     slower = ra_lab.Overlap(1.0, 4.0, 6.0, 0.2, 2.0, 0.1, 5)
     assert slower.hidden_share == pytest.approx(-1.0) and slower.overhead_s == pytest.approx(1.0)
+
+
+def test_median_error_ignores_a_few_outliers():
+    x = torch.tensor([1.0, 2.0, 3.0, 4.0, 5.0], dtype=torch.float64)
+    # median 3, absolute deviations 2 1 0 1 2: their median 1
+    assert ra_lab.median_error(x) == pytest.approx(1.2533 * 1.4826 / 5 ** 0.5)
+    assert ra_lab.median_error(torch.tensor([1.0, 2.0, 3.0, 4.0, 500.0])) == ra_lab.median_error(x.float())
 
 
 @pytest.mark.parametrize("config, repeat, pause_s, word", [

@@ -148,7 +148,7 @@ class Overlap:
     both_s: float        # the hop started, the block computed, the hop waited for
     post_s: float        # a hop of one number alone: posting a hop and waiting for it, no bytes to speak of
     exposed_s: float     # both − block, round by round: what of the hop still showed
-    spread_s: float      # the interquartile range of those rounds' both − block
+    error_s: float       # standard error of exposed_s − post_s (`median_error` of each)
     rounds: int
 
     @property
@@ -157,12 +157,6 @@ class Overlap:
         the hop was hidden completely, 0 when overlapping saved nothing, below 0 when the two
         together took longer than one after the other."""
         return (self.comm_s - self.exposed_s) / self.comm_s
-
-    @property
-    def error_s(self) -> float:
-        """The standard error of a median of `rounds` rounds of both − block, from their spread
-        (σ ≈ IQR / 1.349; a median's error ≈ 1.2533 · σ / √rounds)."""
-        return 1.2533 * self.spread_s / 1.349 / self.rounds ** 0.5
 
     @property
     def overhead_s(self) -> float:
@@ -231,8 +225,15 @@ def ring_step_parts(rank: int, world_size: int, config: RingConfig = RING, repea
     times = times[1:]
     hop, block, overlapped, tiny = times.median(0).values.tolist()
     shown = times[:, 2] - times[:, 1]
-    q1, q3 = shown.quantile(torch.tensor([0.25, 0.75], dtype=shown.dtype)).tolist()
-    return Overlap(hop, block, overlapped, tiny, shown.median().item(), q3 - q1, repeat)
+    error = (median_error(shown) ** 2 + median_error(times[:, 3]) ** 2) ** 0.5
+    return Overlap(hop, block, overlapped, tiny, shown.median().item(), error, repeat)
+
+
+def median_error(x: torch.Tensor) -> float:
+    """The standard error of x's median, 1.2533 · σ / √n, with σ = 1.4826 · the median absolute
+    deviation: another process's time slice in a few rounds moves neither."""
+    deviation = (x - x.median()).abs().median().item()
+    return 1.2533 * 1.4826 * deviation / len(x) ** 0.5
 
 
 def _rounds(parts, repeat: int, group) -> list[list[float]]:
