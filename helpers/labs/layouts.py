@@ -561,9 +561,9 @@ def measure_placed(ranks, placed=None, config: TransformerConfig = CLUSTER_CONFI
                                         waits=waits)[0])
             for lay in layouts:
                 ranks.run(build_layout, lay, config, waits)  # connections made: not counted
-                before = ranks.wire_bytes()
+                before = ranks.wire_bytes(resent=False)
                 runs[(lay, placement)].append(run_layout(ranks, lay, config, steps, waits))
-                wire[(lay, placement)].append((ranks.wire_bytes() - before) / steps)
+                wire[(lay, placement)].append((ranks.wire_bytes(resent=False) - before) / steps)
     return PlacedMeasured(runs, {k: statistics.median(v) for k, v in wire.items()},
                           fit_calibration(points), waits)
 

@@ -579,7 +579,7 @@ class OnTheWire:
     placement: tuple[int, ...]
     tp_model: tuple[int, int]   # (inside a node, across nodes)
     tp_ff: tuple[int, int]
-    wire_bytes: int             # counted by the link's shapers, headers included
+    wire_bytes: int             # counted by the link's shapers, headers included, less TCP's resent segments
     formula_bytes: int          # the model's bytes on the outer level, summed over the ranks
     results: list[Step2D]
 
@@ -598,9 +598,9 @@ def run_on_nodes_2d(ranks, grid: Grid2D, placement: tuple[int, ...],
     ranks.resize(grid.world_size)
     ranks.place(placement)
     ranks.run(build_groups_only, grid)  # start the ranks on their nodes before counting
-    before = ranks.wire_bytes()
+    before = ranks.wire_bytes(resent=False)
     results = ranks.run(train_step_2d, grid, config)
-    crossed = ranks.wire_bytes() - before
+    crossed = ranks.wire_bytes(resent=False) - before
     _, outer = model_bytes_2d(config, tp_model, tp_ff)
     return OnTheWire(tuple(placement), tp_model, tp_ff, crossed, grid.world_size * outer, results)
 

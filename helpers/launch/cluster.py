@@ -69,6 +69,9 @@ MAX_LINK_BPS = 100e9
 DEFAULT_LINK_RATIO = 12
 BURST_S = 0.0005            # tbf's burst: this much of the link's time, at least ...
 BURST_MIN_BYTES = 65536     # ... this many bytes (see Cluster._shape)
+# A resent segment as the shaper counts it: a full one (MSS 1448 B on the uplinks' 1500 B MTU,
+# TCP timestamps on) with its Ethernet, IPv4 and TCP headers (14 + 20 + 32 B).
+FULL_FRAME_BYTES = 1514
 NETWORK = "198.18.0"        # node i is NETWORK.(i+1)/24
 UPLINK = "uplink"           # the node's end of its link, the same name in every node
 _PREFIX = "plab"
@@ -391,6 +394,18 @@ class EmulatedCluster:
         """Bytes (with their Ethernet, IP and TCP headers) each node sent over its uplink since
         the link was made or last changed, as the kernel's shaper counted them."""
         return [self._shaper_count(node.netns, UPLINK, "bytes") for node in self._nodes]
+
+    def retransmitted_segments(self) -> list[int]:
+        """TCP segments each node sent a second time since it was made (the kernel's
+        RetransSegs in the node's namespace). On a busy machine an acknowledgement can come
+        late through the shaper's queue, TCP sends the segment again, and the shaper counts
+        it twice: `wire_bytes` then holds more than one pass of the data."""
+        counts = []
+        for node in self._nodes:
+            rows = [line.split() for line in self.run_in(node.netns, "cat", "/proc/net/snmp").splitlines()
+                    if line.startswith("Tcp:")]
+            counts.append(int(rows[1][rows[0].index("RetransSegs")]))
+        return counts
 
     def drops(self) -> int:
         """Packets any shaper dropped (its queue was full): a sign of a link set too slow."""

@@ -281,10 +281,17 @@ class LiveRanks:
         """The emulated nodes the ranks run on now (None before they start, or when flat)."""
         return self._clusters[0] if self._clusters else None
 
-    def wire_bytes(self) -> int:
+    def wire_bytes(self, resent: bool = True) -> int:
         """Bytes that crossed between nodes so far (every uplink's shaper counted what its node
-        sent, headers included); 0 before the ranks start. Take differences around a call."""
-        return sum(self.cluster.wire_bytes()) if self.cluster else 0
+        sent, headers included); 0 before the ranks start. Take differences around a call.
+        resent=False: less the segments TCP sent a second time (each a full frame), which a busy
+        machine adds at random: one pass of the data, what a formula plus headers accounts for."""
+        if not self.cluster:
+            return 0
+        sent = sum(self.cluster.wire_bytes())
+        if resent:
+            return sent
+        return sent - emulated.FULL_FRAME_BYTES * sum(self.cluster.retransmitted_segments())
 
     def _make_cluster(self) -> None:
         if self.link_bps is None:
