@@ -283,23 +283,31 @@ def _end_of_step(group=None) -> None:
 
 def time_interleaved(rank: int, world_size: int, setups: list[tuple[str, float]],
                      config: MLPConfig = LECTURE, repeat: int = 10, warmup: int = 2,
-                     group=None, wait_s: float | None = None) -> list[list[float]]:
+                     group=None, wait_s: float | None = None,
+                     clock=time.perf_counter) -> list[list[float]]:
     """Rank function: seconds per training step of several (variant, bucket_size_mb) setups
     (see _training_step), one step of each in turn (the order rotating every round), so that a
     machine whose load changes from second to second slows every variant alike. A barrier ends
     every step, so a step lasts as long as its slowest rank. Returns the times per setup.
-    wait_s: wait mode (see _training_step)."""
+    wait_s: wait mode (see _training_step). clock: what a step is measured in (seconds of the
+    wall clock; `core_waits` reads the scheduler's)."""
     steps = [_training_step(v, mb, config, group, wait_s) for v, mb in setups]
     times: list[list[float]] = [[] for _ in setups]
     for round_ in range(warmup + repeat):
         for i in [(round_ + k) % len(steps) for k in range(len(steps))]:
             _end_of_step(group)
-            start = time.perf_counter()
+            start = clock()
             steps[i]()
             _end_of_step(group)
             if round_ >= warmup:
-                times[i].append(time.perf_counter() - start)
+                times[i].append(clock() - start)
     return times
+
+
+def _seconds_waiting_for_a_core() -> float:
+    """This process's threads' time runnable but without a core, summed (Linux schedstat)."""
+    from helpers.labs.bench import thread_clocks
+    return sum(clocks[1] for clocks in thread_clocks().values()) / 1e9
 
 
 def core_waits(rank: int, world_size: int, variants: tuple[str, ...] = ("naive", "flat"),
@@ -307,25 +315,14 @@ def core_waits(rank: int, world_size: int, variants: tuple[str, ...] = ("naive",
                warmup: int = 2, group=None) -> dict[str, float]:
     """Rank function: for each variant, the median seconds per training step that this rank's
     threads (the training thread and gloo's) spent runnable but waiting for a core, as the
-    Linux scheduler counts it (/proc/self/task/*/schedstat). Steps take turns as in
-    `time_interleaved`. On a machine with a core per thread it is about 0; on 2 cores shared by
-    two ranks it is where a blocking call's extra time goes."""
+    Linux scheduler counts it (/proc/self/task/*/schedstat): `time_interleaved`'s steps, read
+    on that clock. On a machine with a core per thread it is about 0; on 2 cores shared by two
+    ranks it is where a blocking call's extra time goes."""
     import os
-    from helpers.labs.bench import thread_clocks
     if not os.path.exists("/proc/self/task"):
         return {v: float("nan") for v in variants}  # no per-thread scheduler counts off Linux
-    steps = [_training_step(v, bucket_size_mb, config, group) for v in variants]
-    waits: list[list[float]] = [[] for _ in variants]
-    for round_ in range(warmup + repeat):
-        for i in [(round_ + k) % len(steps) for k in range(len(steps))]:
-            _end_of_step(group)
-            before = thread_clocks()
-            steps[i]()
-            after = thread_clocks()
-            _end_of_step(group)
-            if round_ >= warmup:
-                waits[i].append(sum(a[1] - before[name][1] for name, a in after.items()
-                                    if name in before) / 1e9)
+    waits = time_interleaved(rank, world_size, [(v, bucket_size_mb) for v in variants], config,
+                             repeat, warmup, group, clock=_seconds_waiting_for_a_core)
     return {v: sorted(w)[len(w) // 2] for v, w in zip(variants, waits)}
 
 

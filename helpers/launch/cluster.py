@@ -291,9 +291,10 @@ class EmulatedCluster:
             raise
 
     def run_in(self, netns: str, *command: str) -> str:
-        """Run `command` (ip or tc) inside the namespace called `netns` (the switch's, or a
-        node's `NodeInfo.netns`); what it printed. E.g. `run_in(cluster.node(0).netns, "tc",
-        "-s", "qdisc")` shows node 0's shaper and its counters."""
+        """Run `command` (ip, tc, or cat of a /proc file) inside the namespace called `netns`
+        (the switch's, or a node's `NodeInfo.netns`); what it printed. E.g.
+        `run_in(cluster.node(0).netns, "tc", "-s", "qdisc")` shows node 0's shaper and its
+        counters."""
         where = self._where[netns]
         enter = [f"--user={where[0]}", "--preserve-credentials"] if len(where) == 2 else []
         return _run("nsenter", *enter, f"--net={where[-1]}", _tool(command[0]), *command[1:])
